@@ -1,0 +1,284 @@
+"""Typed run configuration: dataclasses per section, a strict YAML loader with `base:` inheritance, and dotted
+command-line overrides (`optim.lr=3e-3`).
+
+Strictness is the point: an unknown key names the closest valid key, a wrong type names the expected one, and a
+violated invariant names the dotted key — one `ConfigError`, never a traceback from deep inside torch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+
+from data.config import DataConfig
+from model.config import ModelConfig
+
+WeightDecayMode = Literal["all", "iwd", "none", "no_input", "no_output"]
+
+
+class ConfigError(ValueError):
+    """A bad config: names the dotted key, the problem and, for typos, the closest valid key."""
+
+
+@dataclass
+class MuonConfig:
+    momentum: float = 0.95
+    nesterov: bool = True
+    ns_steps: int = 5
+    ns_coefficients: tuple[float, float, float] = (3.4445, -4.7750, 2.0315)  # Keller Jordan / Moonlight
+    # moonlight: update × 0.2·sqrt(max(m, n)) so its RMS matches AdamW's (PAPER.md §3.2);
+    # jordan: update × sqrt(max(1, m/n)) as in Keller Jordan's Muon.
+    update_scale: Literal["moonlight", "jordan"] = "moonlight"
+    eps: float = 1e-7
+
+
+@dataclass
+class OptimConfig:
+    name: Literal["adamw", "muon"] = "adamw"
+    lr: float = 4e-3  # peak lr; the schedule scales it
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    # Which scale vectors decay (PAPER.md §1.7, Fig. 3): all | iwd (Input-Norm yes, Output-Norm no) | none |
+    # no_input | no_output (= iwd). Every other parameter decays by `weight_decay`.
+    scale_weight_decay: WeightDecayMode = "all"
+    # Under OR/ER a decayed vector decays its scalar β; set true to decay α as well (PAPER.md §1.7 leaves it open).
+    scale_wd_alpha: bool = False
+    grad_clip: float = 1.0  # global gradient-norm clip; 0 disables
+    muon: MuonConfig = field(default_factory=MuonConfig)
+
+
+@dataclass
+class ScheduleConfig:
+    name: Literal["cosine", "wsd"] = "cosine"
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.05  # cosine ends at lr × min_lr_ratio (1/20, PAPER.md §3.1)
+    decay_frac: float = 0.2  # wsd: the last 20 % of steps decay (PAPER.md §3.3)
+    decay_shape: Literal["linear", "cosine", "sqrt"] = "linear"  # wsd decay shape, to 0
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 1000
+    global_batch: int = 32  # sequences per optimizer step, across all ranks and accumulation
+    micro_batch: int = 8  # sequences per forward per rank
+    eval_every: int = 200
+    eval_tokens: int = 262144  # tokens of each validation stream per evaluation
+    ckpt_every: int = 1000
+    keep_ckpts: int = 2
+    seed: int = 0
+    compile: bool = False
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bf16 mixed precision on CUDA, fp32 on CPU
+    on_nonfinite: Literal["stop"] = "stop"  # a NaN/inf loss or grad norm stops the run before any checkpoint
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+
+@dataclass
+class WandbConfig:
+    mode: Literal["auto", "online", "offline", "disabled"] = "auto"
+    project: str = "scalevec"
+    group: Optional[str] = None
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LogConfig:
+    out_dir: str = "runs"
+    run_name: Optional[str] = None  # None: derived from the config file name
+    every: int = 10  # steps between train records in metrics.jsonl
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+    def invariants(self) -> list[tuple[str, str]]:
+        bad = [(f"model.{k}", p) for k, p in self.model.invariants()]
+        bad += [(f"data.{k}", p) for k, p in self.data.invariants()]
+        t = self.train
+        for key in ("steps", "global_batch", "micro_batch", "eval_every", "eval_tokens", "ckpt_every", "keep_ckpts"):
+            if getattr(t, key) <= 0:
+                bad.append((f"train.{key}", "must be positive"))
+        if t.micro_batch > 0 and t.global_batch % t.micro_batch:
+            bad.append(("train.global_batch", f"{t.global_batch} is not a multiple of micro_batch={t.micro_batch}"))
+        o, s = self.optim, self.schedule
+        if o.lr <= 0:
+            bad.append(("optim.lr", "must be positive"))
+        if o.weight_decay < 0 or o.grad_clip < 0:
+            bad.append(("optim.weight_decay", "weight_decay and grad_clip must be ≥ 0"))
+        if not all(0 <= b < 1 for b in o.betas):
+            bad.append(("optim.betas", f"{o.betas} must lie in [0, 1)"))
+        if not 0 <= s.warmup_steps < t.steps:
+            bad.append(("schedule.warmup_steps", f"{s.warmup_steps} must lie in [0, train.steps={t.steps})"))
+        if not 0 <= s.min_lr_ratio <= 1:
+            bad.append(("schedule.min_lr_ratio", "must lie in [0, 1]"))
+        if not 0 < s.decay_frac <= 1:
+            bad.append(("schedule.decay_frac", "must lie in (0, 1]"))
+        return bad
+
+    def to_dict(self) -> dict:
+        return _plain(dataclasses.asdict(self))
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+def _plain(value: Any) -> Any:
+    """Tuples → lists so the resolved YAML is plain and round-trips through the strict loader."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+# ----------------------------------------------------------------------------------------------------- loading
+
+
+def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]] = None) -> RunConfig:
+    """Read YAML (following its `base:` chain), apply `a.b.c=value` overrides, build and check a RunConfig."""
+    raw = _read_chain(Path(path), seen=()) if path is not None else {}
+    for item in overrides or []:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r}: expected dotted.key=value, e.g. optim.lr=3e-3")
+        _set_dotted(raw, key.strip(), yaml.safe_load(text) if text.strip() else None)
+    return build_config(raw)
+
+
+def build_config(raw: dict) -> RunConfig:
+    cfg = _build(RunConfig, raw, prefix="")
+    bad = cfg.invariants()
+    if bad:
+        raise ConfigError("; ".join(f"{key}: {problem}" for key, problem in bad))
+    return cfg
+
+
+def _read_chain(path: Path, seen: tuple[Path, ...]) -> dict:
+    path = path.resolve()
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    if path in seen:
+        raise ConfigError(f"config {path}: `base:` chain loops back to itself ({' → '.join(map(str, seen))})")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config {path} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config {path}: expected a mapping at the top level, got {type(data).__name__}")
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    bases = [base] if isinstance(base, str) else base
+    if not isinstance(bases, list) or not all(isinstance(b, str) for b in bases):
+        raise ConfigError(f"config {path}: `base` must be a path or a list of paths, relative to this file")
+    merged: dict = {}
+    for b in bases:  # later bases override earlier ones; this file overrides them all
+        merged = _merge(merged, _read_chain(path.parent / b, seen + (path,)))
+    return _merge(merged, data)
+
+
+def _merge(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _set_dotted(raw: dict, key: str, value: Any) -> None:
+    node = raw
+    parts = key.split(".")
+    for p in parts[:-1]:
+        if not isinstance(node.get(p), dict):
+            node[p] = {}
+        node = node[p]
+    node[parts[-1]] = value
+
+
+def _build(cls: type, raw: Any, prefix: str) -> Any:
+    where = prefix.rstrip(".") or "config"
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {type(raw).__name__} {raw!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in raw.items():
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.5)
+            hint = f"; did you mean {prefix}{close[0]}?" if close else f"; valid keys: {', '.join(names)}"
+            raise ConfigError(f"unknown config key {prefix}{key}{hint}")
+        kwargs[key] = _coerce(hints[key], value, f"{prefix}{key}")
+    return cls(**kwargs)
+
+
+def _coerce(tp: Any, value: Any, key: str) -> Any:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, key + ".")
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(inner[0], value, key)
+    if origin is Literal:
+        if value not in args:
+            close = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"{key}: {value!r} is not one of {list(args)}{hint}")
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {type(value).__name__} {value!r}")
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(value) != len(args):
+                raise ConfigError(f"{key}: expected {len(args)} values, got {len(value)}: {value!r}")
+            return tuple(_coerce(a, v, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+        return origin(_coerce(args[0], v, f"{key}[{i}]") for i, v in enumerate(value))
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        number = _as_float(value)  # `2e4` steps: PyYAML reads it as a string, or as a float with a dot
+        if number is not None and number.is_integer():
+            return int(number)
+        raise ConfigError(f"{key}: expected an integer, got {type(value).__name__} {value!r}")
+    if tp is float:
+        number = _as_float(value)  # PyYAML reads `1e-3` (no dot) as a string
+        if number is None:
+            raise ConfigError(f"{key}: expected a number, got {type(value).__name__} {value!r}")
+        return number
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {type(value).__name__} {value!r}")
+        return value
+    raise ConfigError(f"{key}: unsupported config type {tp}")  # a programming error in a dataclass
+
+
+def _as_float(value: Any) -> Optional[float]:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
