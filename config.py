@@ -144,12 +144,34 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def resolve_vocab(cfg: RunConfig, n_vocab: Optional[int] = None) -> ModelConfig:
+    """The model config with vocab_size filled in: as set, else the tokenizer's n_vocab rounded up to
+    model.vocab_multiple (GPT-2: 50,257 → 50,304). `n_vocab` (known from the prepared data) skips loading the
+    tokenizer; when given, a set vocab_size smaller than it is an error."""
+    if cfg.model.vocab_size is not None:
+        if n_vocab is not None and cfg.model.vocab_size < n_vocab:
+            raise ConfigError(f"model.vocab_size: {cfg.model.vocab_size} is smaller than the tokenizer's {n_vocab} "
+                              f"tokens ({cfg.data.tokenizer!r}); set it to null to derive it")
+        return cfg.model
+    if n_vocab is None:
+        from data.tokenizer import load_tokenizer  # lazy: reading ranks is slow and may need the prepared data dir
+        n_vocab = load_tokenizer(cfg.data.tokenizer, cfg.data.dir).n_vocab
+    m = cfg.model.vocab_multiple
+    return dataclasses.replace(cfg.model, vocab_size=-(-n_vocab // m) * m)
+
+
 # ----------------------------------------------------------------------------------------------------- loading
 
 
-def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]] = None) -> RunConfig:
-    """Read YAML (following its `base:` chain), apply `a.b.c=value` overrides, build and check a RunConfig."""
-    raw = _read_chain(Path(path), seen=()) if path is not None else {}
+def load_config(path: Optional[str | Path | list[str | Path]] = None,
+                overrides: Optional[list[str]] = None) -> RunConfig:
+    """Read YAML (following its `base:` chain), apply `a.b.c=value` overrides, build and check a RunConfig.
+
+    `path` may be a list of files, merged left to right (`--config dense/0.12b.yaml --config scale/hg.yaml`)."""
+    paths = [] if path is None else [path] if isinstance(path, (str, Path)) else list(path)
+    raw: dict = {}
+    for p in paths:
+        raw = _merge(raw, _read_chain(Path(p), seen=()))
     for item in overrides or []:
         key, sep, text = item.partition("=")
         if not sep or not key:

@@ -1,0 +1,233 @@
+"""Llama (PAPER.md §1.2, §2): token embedding, n_layers Pre-Norm blocks (RoPE attention with SDPA, SwiGLU MLP), a final
+norm and an untied LM head; no biases. Where the scale vectors sit is decided by model/scaling.py.
+
+Names follow Hugging Face's Llama (q_proj, gate_proj, …) so export is a renaming.
+"""
+from __future__ import annotations
+
+import math
+import zlib
+from typing import Iterator, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from model.config import ModelConfig, Role
+from model.rope import apply_rope, rope_tables
+from model.scaling import Norm, ScaledLinear, ScaleVector, extra_norm, group_layout
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        d, hd, eps = cfg.d_model, cfg.head_dim, cfg.norm_eps
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, hd
+        lay = group_layout(cfg.scale, n_branches=3)
+        # DNP's inner Norm is per head on q/k/v (PAPER.md §1.5); on q/k it is Q/K-Norm, applied before RoPE [I §1.9].
+        self.q_proj = lay.branch(d, cfg.n_heads * hd, eps, inner_group=hd)
+        self.k_proj = lay.branch(d, cfg.kv_heads * hd, eps, inner_group=hd)
+        self.v_proj = lay.branch(d, cfg.kv_heads * hd, eps, inner_group=hd)
+        self.o_proj = ScaledLinear(cfg.n_heads * hd, d)  # no vectors: it reads no Pre-Norm (PAPER.md §1.9)
+        # Gemma layout (Fig. 3): Q/K-Norm with one γ ∈ R^head_dim shared across heads, as in Gemma3.
+        self.q_norm = extra_norm(cfg.scale, cfg.n_heads * hd, eps, group=hd) if cfg.gemma_norms else None
+        self.k_norm = extra_norm(cfg.scale, cfg.kv_heads * hd, eps, group=hd) if cfg.gemma_norms else None
+
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """h: (B, T, d) normalized input → (B, T, d)."""
+        B, T, _ = h.shape
+        q, k, v = self.q_proj(h), self.k_proj(h), self.v_proj(h)  # (B, T, H·hd), (B, T, KV·hd) ×2
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q.view(B, T, self.n_heads, self.head_dim), cos, sin)
+        k = apply_rope(k.view(B, T, self.n_kv_heads, self.head_dim), cos, sin)
+        v = v.view(B, T, self.n_kv_heads, self.head_dim)
+        y = F.scaled_dot_product_attention(  # (B, H, T, hd)
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+            enable_gqa=self.n_kv_heads != self.n_heads)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    """SwiGLU: W_down(SiLU(gate) ⊙ up), each of gate/up a branch of the FFN pre-norm."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        d, f, eps = cfg.d_model, cfg.ffn_dim, cfg.norm_eps
+        lay = group_layout(cfg.scale, n_branches=2)
+        self.gate_proj = lay.branch(d, f, eps)
+        self.up_proj = lay.branch(d, f, eps)
+        self.down_proj = ScaledLinear(f, d)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """h: (B, T, d) normalized input → (B, T, d)."""
+        return self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        d, eps = cfg.d_model, cfg.norm_eps
+        self.attn_norm = group_layout(cfg.scale, 3).norm(d, eps)
+        self.attn = Attention(cfg)
+        self.ffn_norm = group_layout(cfg.scale, 2).norm(d, eps)
+        self.mlp = MLP(cfg)
+        self.attn_out_norm = extra_norm(cfg.scale, d, eps) if cfg.gemma_norms else None
+        self.ffn_out_norm = extra_norm(cfg.scale, d, eps) if cfg.gemma_norms else None
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        a = self.attn(self.attn_norm(x), cos, sin)
+        x = x + (a if self.attn_out_norm is None else self.attn_out_norm(a))
+        m = self.mlp(self.ffn_norm(x))
+        return x + (m if self.ffn_out_norm is None else self.ffn_out_norm(m))
+
+
+class Llama(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        V, d = cfg.padded_vocab, cfg.d_model
+        self.tok_embeddings = nn.Embedding(V, d)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        head = group_layout(cfg.scale, n_branches=1, takes_placement=cfg.scale.lm_head)
+        self.norm = head.norm(d, cfg.norm_eps)
+        # With DNP on the head, the inner Norm runs over the whole vocabulary of logits (PAPER.md §1.9 [I]).
+        self.lm_head = head.branch(d, V, cfg.norm_eps, role=Role.LM_HEAD)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens: (B, T) int64 → logits (B, T, V)."""
+        x = self.tok_embeddings(tokens)  # (B, T, d)
+        cos, sin = rope_tables(tokens.shape[1], self.cfg.head_dim, self.cfg.rope_theta, x.device, x.dtype)
+        for block in self.layers:
+            x = block(x, cos, sin)
+        return self.lm_head(self.norm(x))
+
+    # ------------------------------------------------------------------------------------------ initialization
+
+    @torch.no_grad()
+    def init_weights(self, seed: int = 0) -> None:
+        """The one init scheme. Every matrix and the embedding ~ N(0, init_std²); o_proj and down_proj, which write
+        into the residual stream, use init_std/√(2·n_layers) (GPT-2's depth scaling); every scale vector starts at
+        γ = 1 (PAPER.md §1.1). Each parameter is drawn whole from a generator seeded by (seed, its name), then
+        sharded if it is a DTensor, so the model is identical for any world size and any module order."""
+        depth_std = self.cfg.init_std / math.sqrt(2 * self.cfg.n_layers)
+        for module in self.modules():
+            if isinstance(module, ScaleVector):
+                module.reset_parameters()
+        for name, p in self.named_parameters():
+            if p.dim() < 2:
+                continue
+            std = depth_std if name.endswith(("o_proj.weight", "down_proj.weight")) else self.cfg.init_std
+            gen = torch.Generator(device=p.device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+            full = torch.empty(p.shape, device=p.device, dtype=torch.float32).normal_(0.0, std, generator=gen)
+            _copy_full(p, full)
+
+    # --------------------------------------------------------------------------------------------------- roles
+
+    def param_roles(self) -> dict[str, Role]:
+        """The role of every parameter, keyed by named_parameters() name. Asserts the roles cover each parameter once."""
+        roles: dict[str, Role] = {}
+        for mname, module in self.named_modules():
+            prefix = f"{mname}." if mname else ""
+            if isinstance(module, ScaleVector):
+                local = {n: module.role for n, _ in module.named_parameters(recurse=False)}
+            elif isinstance(module, ScaledLinear):
+                local = {"weight": module.role}
+            elif isinstance(module, nn.Embedding):
+                local = {"weight": Role.EMBED}
+            else:
+                local = {n: None for n, _ in module.named_parameters(recurse=False)}  # must stay empty
+            for n, role in local.items():
+                assert role is not None, f"parameter {prefix}{n} has no role"
+                assert f"{prefix}{n}" not in roles, f"parameter {prefix}{n} has two roles"
+                roles[f"{prefix}{n}"] = role
+        names = [n for n, _ in self.named_parameters()]
+        assert sorted(names) == sorted(roles), f"roles do not cover the parameters: {set(names) ^ set(roles)}"
+        return roles
+
+    def scale_vectors(self) -> Iterator[tuple[str, ScaleVector]]:
+        for name, module in self.named_modules():
+            if isinstance(module, ScaleVector):
+                yield name, module
+
+    # ------------------------------------------------------------------------------------------ counting
+
+    def num_params(self, exclude_embedding: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.tok_embeddings.weight.numel() if exclude_embedding else n
+
+    def params_by_role(self) -> dict[str, int]:
+        params = dict(self.named_parameters())
+        counts = {role.value: 0 for role in Role}
+        for name, role in self.param_roles().items():
+            counts[role.value] += params[name].numel()
+        return counts
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """Training FLOPs per token: 6·N (N = parameters without the input embedding, as the paper's compute axis,
+        PAPER.md §3.6) plus attention scores and values, 12·n_layers·n_heads·head_dim·seq_len (PaLM's count,
+        without halving for the causal mask)."""
+        c = self.cfg
+        return 6 * self.num_params(exclude_embedding=True) + 12 * c.n_layers * c.n_heads * c.head_dim * seq_len
+
+    # ------------------------------------------------------------------------------------------ folding
+
+    @torch.no_grad()
+    def folded_state_dict(self) -> dict[str, torch.Tensor]:
+        """Fold every vector into the adjacent weights: the state dict of a plain Llama (`plain_config`) with
+        identical outputs. A shared pre-norm γ that is its group's only vector stays on the norm, so the baseline
+        exports unchanged. Refuses designs with an inner Norm (DNP) or Gemma norms."""
+        if not self.cfg.scale.foldable or self.cfg.gemma_norms:
+            raise ValueError("only designs without an inner Norm fold into a plain Llama: "
+                             "DNP and the Gemma norms add normalizations a plain Llama does not have")
+        out: dict[str, torch.Tensor] = {"tok_embeddings.weight": self.tok_embeddings.weight.detach().clone()}
+
+        def fold_group(norm: Norm, branches: dict[str, ScaledLinear], norm_key: str) -> None:
+            gamma = norm.scale() if norm.scale is not None else None
+            keep_on_norm = gamma is not None and all(b.in_scale is None and b.out_scale is None
+                                                     for b in branches.values())
+            out[norm_key] = gamma.detach().clone() if keep_on_norm else torch.ones(norm.dim, dtype=_dtype(self))
+            for key, branch in branches.items():
+                out[key] = branch.folded_weight(None if keep_on_norm else gamma)
+
+        for i, blk in enumerate(self.layers):
+            p = f"layers.{i}."
+            fold_group(blk.attn_norm, {f"{p}attn.{n}.weight": getattr(blk.attn, n)
+                                       for n in ("q_proj", "k_proj", "v_proj")}, f"{p}attn_norm.scale.weight")
+            fold_group(blk.ffn_norm, {f"{p}mlp.{n}.weight": getattr(blk.mlp, n)
+                                      for n in ("gate_proj", "up_proj")}, f"{p}ffn_norm.scale.weight")
+            out[f"{p}attn.o_proj.weight"] = blk.attn.o_proj.weight.detach().clone()
+            out[f"{p}mlp.down_proj.weight"] = blk.mlp.down_proj.weight.detach().clone()
+        fold_group(self.norm, {"lm_head.weight": self.lm_head}, "norm.scale.weight")
+        return out
+
+
+def plain_config(cfg: ModelConfig) -> ModelConfig:
+    """The plain Llama that `folded_state_dict` fills: same sizes, one direct γ per norm, nothing else."""
+    from dataclasses import replace
+    from model.config import ScaleConfig
+    return replace(cfg, scale=ScaleConfig(), gemma_norms=False)
+
+
+def _dtype(model: nn.Module) -> torch.dtype:
+    return next(model.parameters()).dtype
+
+
+def _copy_full(p: torch.Tensor, full: torch.Tensor) -> None:
+    """Copy a full-size tensor into p, taking only the local shard when p is an FSDP2 DTensor."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+    if isinstance(p, DTensor):
+        p.copy_(distribute_tensor(full.to(p.dtype), p.device_mesh, p.placements))
+    else:
+        p.copy_(full)
+
+
+def build_model(cfg: ModelConfig, device: Optional[torch.device | str] = None, seed: int = 0,
+                dtype: torch.dtype = torch.float32) -> Llama:
+    """Construct on the meta device, materialize on `device`, then init: the single-process path (the trainer does
+    the same with fully_shard between construction and init)."""
+    with torch.device("meta"):
+        model = Llama(cfg)
+    model.to_empty(device=device or "cpu")
+    model.init_weights(seed)
+    return model.to(dtype)

@@ -1,0 +1,188 @@
+"""The only place scale vectors exist (DESIGN.md): Norm, ScaleVector (direct / OR / ER), ScaledLinear, and the
+rule that turns a ScaleConfig into structure.
+
+Every linear map W_c that reads a Pre-Norm output is a branch c. A branch computes (PAPER.md §1.8, eq. 13)
+
+    y = u_c ⊙ post(W_c (v_c ⊙ Norm x)),   post = identity, or Norm (per head on q/k/v) for DNP,
+
+where v_c is an Input-Norm vector (shared by the branches of one norm unless HG) and u_c an Output-Norm vector.
+Structure is decided here at construction: a missing vector is None, and a forward does one multiply per
+present vector — never a diag() matrix or the product u vᵀ ⊙ W.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn as nn
+
+from model.config import Role, ScaleConfig
+
+
+def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """Norm(x) = √d · x / ‖x‖ over the last dim (PAPER.md §1.1), with the usual RMSNorm eps. Computed in float32 (as
+    transformers' LlamaRMSNorm does) and cast back, so bf16 activations keep an fp32 reduction."""
+    x32 = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+class ScaleVector(nn.Module):
+    """One learnable vector γ ∈ R^dim in one of three parameterizations (PAPER.md §1.6):
+
+    direct: γ = weight,                            weight₀ = 1
+    or:     γ = β · Norm(α) = β·√d·α/‖α‖,           α₀ = 1, β₀ = 1   (Thm 3.2)
+    er:     γ = e^β · e^(α − mean α),               α₀ = 0, β₀ = 0   (init [I]: gives γ₀ = 1)
+
+    β is stored with shape (1,) rather than () so FSDP2 can shard it like any other parameter.
+    """
+
+    def __init__(self, dim: int, reparam: str, role: Role):
+        super().__init__()
+        self.dim, self.reparam, self.role = dim, reparam, role
+        if reparam == "direct":
+            self.weight = nn.Parameter(torch.empty(dim))
+        elif reparam in ("or", "er"):
+            self.alpha = nn.Parameter(torch.empty(dim))
+            self.beta = nn.Parameter(torch.empty(1))
+        else:
+            raise ValueError(f"unknown scale reparameterization {reparam!r}; expected direct, or or er")
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        if self.reparam == "direct":
+            self.weight.fill_(1.0)
+        else:
+            start = 1.0 if self.reparam == "or" else 0.0
+            self.alpha.fill_(start)
+            self.beta.fill_(start)
+
+    def forward(self) -> torch.Tensor:
+        """The effective vector γ, shape (dim,)."""
+        if self.reparam == "direct":
+            return self.weight
+        a = self.alpha
+        if self.reparam == "or":
+            # No eps inside Norm(α): ‖α‖ stays √d under gradient flow (PAPER.md §5.5), far from 0.
+            return self.beta * (a * torch.rsqrt(a.pow(2).mean()))
+        return torch.exp(self.beta + a - a.mean())
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, reparam={self.reparam}, role={self.role.value}"
+
+
+class Norm(nn.Module):
+    """γ ⊙ Norm(x) over groups of `group` channels of the last dim (the whole dim by default; head_dim for a per-head
+    norm, then γ ∈ R^group). `scale` None is a pure Norm (the "w/o scale vectors" model of Fig. 1)."""
+
+    def __init__(self, dim: int, eps: float, scale: Optional[ScaleVector], group: Optional[int] = None):
+        super().__init__()
+        self.dim, self.eps, self.group = dim, eps, group or dim
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.group == self.dim:
+            y = rms_normalize(x, self.eps)
+            return y if self.scale is None else y * self.scale()
+        # (..., dim) → (..., dim/group, group): normalize each head separately; a γ of size `group` is shared by
+        # the heads (Gemma's Q/K-Norm)
+        y = rms_normalize(x.unflatten(-1, (-1, self.group)), self.eps)
+        return (y if self.scale is None else y * self.scale()).flatten(-2)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, group={self.group}, eps={self.eps}"
+
+
+class ScaledLinear(nn.Module):
+    """A bias-free linear map with its optional branch vectors: y = u ⊙ post(W (v ⊙ x)), x already Norm'd.
+
+    in_scale = v (Input-Norm), out_scale = u (Output-Norm), inner = DNP's inner Norm (`post`).
+    """
+
+    def __init__(self, d_in: int, d_out: int, *, in_scale: Optional[ScaleVector] = None,
+                 inner: Optional[Norm] = None, out_scale: Optional[ScaleVector] = None, role: Role = Role.MATRIX):
+        super().__init__()
+        self.d_in, self.d_out, self.role = d_in, d_out, role
+        self.in_scale = in_scale
+        self.weight = nn.Parameter(torch.empty(d_out, d_in))
+        self.inner = inner
+        self.out_scale = out_scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (..., d_in) → (..., d_out)."""
+        if self.in_scale is not None:
+            x = x * self.in_scale()
+        y = torch.nn.functional.linear(x, self.weight)
+        if self.inner is not None:
+            y = self.inner(y)
+        if self.out_scale is not None:
+            y = y * self.out_scale()
+        return y
+
+    @torch.no_grad()
+    def folded_weight(self, extra_in: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """diag(u) W diag(v ⊙ extra_in): the plain weight with identical outputs (PAPER.md §1.8). `extra_in` is a
+        shared pre-norm vector being folded in as well. Refuses a branch with an inner Norm (DNP)."""
+        if self.inner is not None:
+            raise ValueError("a branch with DNP's inner Norm does not fold into a plain linear map")
+        w = self.weight.detach().clone()  # (d_out, d_in)
+        v = self.in_scale() if self.in_scale is not None else None
+        if extra_in is not None:
+            v = extra_in if v is None else v * extra_in
+        if v is not None:
+            w = w * v[None, :]
+        if self.out_scale is not None:
+            w = w * self.out_scale()[:, None]
+        return w
+
+    def extra_repr(self) -> str:
+        return f"d_in={self.d_in}, d_out={self.d_out}, role={self.role.value}"
+
+
+@dataclass(frozen=True)
+class GroupLayout:
+    """The resolved structure of one Pre-Norm group (the branches reading one norm)."""
+
+    shared_input: bool  # one input-side γ on the norm itself (baseline Llama)
+    branch_input: bool  # one input-side v_c per branch (HG)
+    output: bool  # an output-side u_c per branch (AP, DP, DNP)
+    inner_norm: bool  # DNP's Norm between W_c and u_c
+    reparam: str
+
+    def norm(self, dim: int, eps: float) -> Norm:
+        return Norm(dim, eps, ScaleVector(dim, self.reparam, Role.SCALE_INPUT) if self.shared_input else None)
+
+    def branch(self, d_in: int, d_out: int, eps: float, inner_group: Optional[int] = None,
+               role: Role = Role.MATRIX) -> ScaledLinear:
+        """`inner_group`: DNP normalizes over groups of this size (head_dim on q/k/v; None = whole vector)."""
+        return ScaledLinear(
+            d_in, d_out,
+            in_scale=ScaleVector(d_in, self.reparam, Role.SCALE_INPUT) if self.branch_input else None,
+            inner=Norm(d_out, eps, None, inner_group) if self.inner_norm else None,
+            out_scale=ScaleVector(d_out, self.reparam, Role.SCALE_OUTPUT) if self.output else None,
+            role=role,
+        )
+
+
+def group_layout(cfg: ScaleConfig, n_branches: int, takes_placement: bool = True) -> GroupLayout:
+    """Turn the knobs into structure for a group of `n_branches` branches.
+
+    A group that does not take the placement (the LM head unless `scale.lm_head`) keeps the standard input-side γ.
+    Output-side vectors are always per branch: with GQA, q and k/v differ in width, so one shared u cannot serve all.
+    """
+    placement = cfg.placement if takes_placement or not cfg.has_vectors else "input"
+    input_side = placement in ("input", "dp", "dnp")
+    hetero = cfg.heterogeneous and n_branches > 1  # HG does not change a single-branch norm (PAPER.md §1.4)
+    return GroupLayout(
+        shared_input=input_side and not hetero,
+        branch_input=input_side and hetero,
+        output=placement in ("ap", "dp", "dnp"),
+        inner_norm=placement == "dnp",
+        reparam=cfg.reparam,
+    )
+
+
+def extra_norm(cfg: ScaleConfig, dim: int, eps: float, group: Optional[int] = None) -> Norm:
+    """A Gemma-style Output-Norm (Q/K-Norm, attention/FFN output norm; PAPER.md §3.4): γ ⊙ Norm(x), γ ∈ R^group."""
+    scale = ScaleVector(group or dim, cfg.reparam, Role.SCALE_OUTPUT) if cfg.has_vectors else None
+    return Norm(dim, eps, scale, group)

@@ -1,0 +1,62 @@
+"""Parameter and FLOP breakdown of a config's model, built on the meta device (no memory, no weights).
+
+    python -m scripts.inspect_model --config configs/dense_0.12b_unified.yaml [--json] [key=value ...]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+from config import ConfigError, load_config, resolve_vocab
+from model.llama import Llama
+
+
+def breakdown(cfg) -> dict:
+    model_cfg = resolve_vocab(cfg)
+    with torch.device("meta"):
+        model = Llama(model_cfg)
+    by_role = model.params_by_role()
+    vectors = {name: sum(p.numel() for p in sv.parameters()) for name, sv in model.scale_vectors()}
+    return {
+        "total_params": model.num_params(),
+        "non_embedding_params": model.num_params(exclude_embedding=True),
+        "scale_params": by_role["scale_input"] + by_role["scale_output"],
+        "scale_fraction": (by_role["scale_input"] + by_role["scale_output"]) / model.num_params(),
+        "by_role": by_role,
+        "n_scale_vectors": len(vectors),
+        "vocab_size": model_cfg.vocab_size,
+        "seq_len": cfg.data.seq_len,
+        "flops_per_token": model.flops_per_token(cfg.data.seq_len),
+        "scale": vars(model_cfg.scale) | {"gemma_norms": model_cfg.gemma_norms},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", action="append", required=True, help="YAML config (repeat to layer)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("overrides", nargs="*", help="dotted.key=value overrides")
+    args = parser.parse_args(argv)
+    try:
+        info = breakdown(load_config(args.config, args.overrides))
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print(f"total params          {info['total_params']:>15,}")
+    print(f"non-embedding params  {info['non_embedding_params']:>15,}")
+    print(f"scale-vector params   {info['scale_params']:>15,}  ({info['scale_fraction']:.3e} of total, "
+          f"{info['n_scale_vectors']} vectors)")
+    for role, n in info["by_role"].items():
+        print(f"  {role:<20}{n:>15,}")
+    print(f"training FLOPs/token  {info['flops_per_token']:>15,}  (6N + attention at seq_len {info['seq_len']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

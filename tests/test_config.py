@@ -1,0 +1,108 @@
+"""The strict config loader: typos, types, YAML floats, inheritance, overrides, invariants, documented defaults."""
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+from config import ConfigError, RunConfig, build_config, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_unknown_key_names_closest():
+    with pytest.raises(ConfigError, match=r"unknown config key optim\.lrr; did you mean optim\.lr\?"):
+        load_config(overrides=["optim.lrr=3e-3"])
+
+
+def test_unknown_nested_key_in_yaml(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model:\n  scale:\n    placment: dnp\n")
+    with pytest.raises(ConfigError, match=r"model\.scale\.placment; did you mean model\.scale\.placement"):
+        load_config(path)
+
+
+@pytest.mark.parametrize("override, key", [
+    ("optim.lr=fast", "optim.lr"), ("train.steps=1.5", "train.steps"), ("train.compile=yes please", "train.compile"),
+    ("model.scale.placement=dnpp", "model.scale.placement"), ("optim.betas=[0.9]", "optim.betas"),
+    ("model=3", "model"),
+])
+def test_wrong_type_names_key(override, key):
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides=[override])
+    assert str(err.value).startswith(key)
+
+
+def test_yaml_scientific_notation_is_float(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("optim:\n  lr: 1e-3\ntrain:\n  steps: 2e4\n")
+    assert yaml.safe_load(path.read_text())["optim"]["lr"] == "1e-3"  # the PyYAML quirk being fixed
+    cfg = load_config(path)
+    assert cfg.optim.lr == 1e-3 and isinstance(cfg.optim.lr, float) and cfg.train.steps == 20000
+
+
+def test_base_chain_and_overrides(tmp_path):
+    (tmp_path / "a.yaml").write_text("optim: {lr: 1.0e-3, weight_decay: 0.2}\nmodel: {d_model: 64, n_heads: 4}\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\noptim: {lr: 2.0e-3}\n")
+    cfg = load_config(tmp_path / "b.yaml", ["model.n_layers=3", "optim.betas=[0.8, 0.9]"])
+    assert (cfg.optim.lr, cfg.optim.weight_decay, cfg.model.d_model, cfg.model.n_layers) == (2e-3, 0.2, 64, 3)
+    assert cfg.optim.betas == (0.8, 0.9)
+
+
+def test_base_loop_is_an_error(tmp_path):
+    (tmp_path / "a.yaml").write_text("base: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+    with pytest.raises(ConfigError, match="loops"):
+        load_config(tmp_path / "a.yaml")
+
+
+@pytest.mark.parametrize("override, key", [
+    ("model.d_model=100", "model.d_model"), ("model.n_kv_heads=5", "model.n_kv_heads"),
+    ("train.micro_batch=5", "train.global_batch"), ("schedule.warmup_steps=5000", "schedule.warmup_steps"),
+    ("model.gemma_norms=true", "model.gemma_norms"),
+])
+def test_invariants(override, key):
+    extra = ["model.scale.placement=dnp"] if key == "model.gemma_norms" else []
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config(overrides=[override] + extra)
+
+
+def test_missing_file_is_clear():
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config("configs/nope.yaml")
+
+
+def fields_of(cls, prefix=""):
+    for f in dataclasses.fields(cls):
+        typ = cls.__dataclass_fields__[f.name].default_factory if f.default_factory is not dataclasses.MISSING else None
+        sub = typ() if typ is not None and dataclasses.is_dataclass(typ()) else None
+        if sub is not None:
+            yield from fields_of(type(sub), f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}"
+
+
+def test_base_yaml_documents_every_field_with_its_default():
+    raw = yaml.safe_load((ROOT / "configs/base.yaml").read_text())
+
+    def has(key):
+        node = raw
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return False
+            node = node[part]
+        return True
+
+    missing = [k for k in fields_of(RunConfig) if not has(k)]
+    assert not missing, f"configs/base.yaml does not document {missing}"
+    assert load_config(ROOT / "configs/base.yaml") == RunConfig()
+
+
+def test_every_shipped_config_loads():
+    for path in sorted((ROOT / "configs").rglob("*.yaml")):
+        load_config(path)
+
+
+def test_resolved_yaml_round_trips():
+    cfg = load_config(ROOT / "configs/dense_0.12b_unified.yaml")
+    assert build_config(yaml.safe_load(cfg.to_yaml())) == cfg
