@@ -1,0 +1,179 @@
+"""Weight-decay decisions (IWD, PAPER.md §1.7) and param groups (PAPER.md §3.2), proven with real optimizer steps:
+with zero gradients an AdamW or Muon step changes a parameter only through decoupled decay, p ← p·(1 − lr·wd),
+so a decayed parameter shrinks by exactly that factor and an undecayed one stays put.
+"""
+import itertools
+
+import pytest
+import torch
+from torch import nn
+
+from config import MuonConfig, OptimConfig
+from model.config import Role
+from optim import build_optimizer, decays, param_groups, set_lr
+
+LR, WD = 0.1, 0.5
+
+
+class OR(nn.Module):
+    """γ = β·Norm(α), as model/scaling.py's OR vector: α ∈ R^d, β of shape (1,)."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.ones(d))
+        self.beta = nn.Parameter(torch.ones(1))
+
+
+class Toy(nn.Module):
+    """One parameter of each role, plus an OR pair on each side."""
+
+    def __init__(self, d: int = 4, vocab: int = 5):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.q_proj = nn.Linear(d, d, bias=False)
+        self.in_norm = nn.Module()
+        self.in_norm.weight = nn.Parameter(torch.ones(d))
+        self.q_norm = nn.Module()
+        self.q_norm.weight = nn.Parameter(torch.ones(d))
+        self.in_scale = OR(d)
+        self.out_scale = OR(d)
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+
+    ROLES = {
+        "embed.weight": Role.EMBED,
+        "q_proj.weight": Role.MATRIX,
+        "in_norm.weight": Role.SCALE_INPUT,
+        "q_norm.weight": Role.SCALE_OUTPUT,
+        "in_scale.alpha": Role.SCALE_INPUT,
+        "in_scale.beta": Role.SCALE_INPUT,
+        "out_scale.alpha": Role.SCALE_OUTPUT,
+        "out_scale.beta": Role.SCALE_OUTPUT,
+        "lm_head.weight": Role.LM_HEAD,
+    }
+
+
+ALWAYS = {"embed.weight", "q_proj.weight", "lm_head.weight"}  # Llama default: non-scale parameters decay
+INPUT = {"in_norm.weight", "in_scale.beta"}
+OUTPUT = {"q_norm.weight", "out_scale.beta"}
+EXPECTED = {  # mode → scale vectors (besides α) that decay
+    "all": INPUT | OUTPUT,
+    "iwd": INPUT,
+    "no_output": INPUT,
+    "no_input": OUTPUT,
+    "none": set(),
+}
+
+
+def _decayed_after_zero_grad_step(model: nn.Module, cfg: OptimConfig, roles=Toy.ROLES) -> set[str]:
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = build_optimizer(model, roles, cfg)
+    set_lr(opt, LR)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    out = set()
+    for n, p in model.named_parameters():
+        if torch.equal(p.detach(), before[n]):
+            continue
+        torch.testing.assert_close(p.detach(), before[n] * (1 - LR * WD), msg=f"{n} changed, but not by decay")
+        out.add(n)
+    return out
+
+
+@pytest.mark.parametrize("mode,alpha,optimizer", list(itertools.product(EXPECTED, [False, True], ["adamw", "muon"])))
+def test_exactly_the_expected_parameters_decay(mode, alpha, optimizer):
+    cfg = OptimConfig(name=optimizer, weight_decay=WD, scale_weight_decay=mode, scale_wd_alpha=alpha)
+    expected = ALWAYS | EXPECTED[mode]
+    if alpha:  # α decays together with its β (PAPER.md §1.7 leaves it open; optim.scale_wd_alpha decides)
+        expected |= {n.replace("beta", "alpha") for n in EXPECTED[mode] if n.endswith("beta")}
+    assert _decayed_after_zero_grad_step(Toy(), cfg) == expected
+    assert {n for n, r in Toy.ROLES.items() if decays(n, r, mode, alpha)} == expected
+
+
+class UnifiedBranch(nn.Module):
+    """A unified-strategy (HG + DNP + OR) attention input and LM head, PAPER.md §1.9: per-branch input-side OR
+    vectors (Input-Norm) and output-side OR vectors (Output-Norm) around q/k/v and the LM head."""
+
+    def __init__(self, d: int = 4, vocab: int = 6):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        for c in ("q", "k", "v"):
+            setattr(self, f"{c}_in_scale", OR(d))
+            setattr(self, f"{c}_proj", nn.Linear(d, d, bias=False))
+            setattr(self, f"{c}_out_scale", OR(d))
+        self.o_proj = nn.Linear(d, d, bias=False)
+        self.head_in_scale = OR(d)
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+        self.head_out_scale = OR(vocab)
+
+    def roles(self) -> dict[str, Role]:
+        out = {}
+        for n, _ in self.named_parameters():
+            if "in_scale" in n:
+                out[n] = Role.SCALE_INPUT
+            elif "out_scale" in n:
+                out[n] = Role.SCALE_OUTPUT
+            else:
+                out[n] = {"embed.weight": Role.EMBED, "lm_head.weight": Role.LM_HEAD}.get(n, Role.MATRIX)
+        return out
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+@pytest.mark.parametrize("alpha", [False, True])
+def test_unified_iwd_decays_input_side_only(optimizer, alpha):
+    model = UnifiedBranch()
+    roles = model.roles()
+    cfg = OptimConfig(name=optimizer, weight_decay=WD, scale_weight_decay="iwd", scale_wd_alpha=alpha)
+    decayed = _decayed_after_zero_grad_step(model, cfg, roles)
+    input_side = {n for n, r in roles.items() if r is Role.SCALE_INPUT}
+    output_side = {n for n, r in roles.items() if r is Role.SCALE_OUTPUT}
+    assert len(input_side) == 8 and len(output_side) == 8
+    assert decayed & output_side == set()  # Output-Norm: no wd
+    assert decayed & input_side == {n for n in input_side if alpha or n.endswith("beta")}
+    assert {"embed.weight", "lm_head.weight", "o_proj.weight", "q_proj.weight"} <= decayed
+
+
+def test_muon_groups_take_matrices_only():
+    model = Toy()
+    groups = param_groups(model.named_parameters(), Toy.ROLES, OptimConfig(name="muon", scale_wd_alpha=True))
+    by_name = {g["name"]: g for g in groups}
+    assert [g["name"] for g in groups] == ["muon", "adamw/decay"]  # "all" with α: nothing lands in no_decay
+    assert by_name["muon"]["params"] == [model.q_proj.weight]
+    assert by_name["muon"]["update_scale"] == "moonlight" and by_name["muon"]["nesterov"]
+    adamw = {id(p) for p in by_name["adamw/decay"]["params"]}
+    assert id(model.embed.weight) in adamw and id(model.lm_head.weight) in adamw and id(model.in_scale.alpha) in adamw
+    for g in groups:
+        assert g["lr"] == g["initial_lr"] == OptimConfig().lr and g["lr_scale"] == 1.0
+
+
+def test_adamw_groups_split_by_decay():
+    groups = param_groups(Toy().named_parameters(), Toy.ROLES, OptimConfig(scale_weight_decay="none"))
+    assert [(g["name"], g["kind"], g["weight_decay"], len(g["params"])) for g in groups] == [
+        ("adamw/decay", "adamw", 0.1, 3), ("adamw/no_decay", "adamw", 0.0, 6)]
+
+
+def test_every_parameter_needs_a_role():
+    roles = dict(Toy.ROLES)
+    del roles["q_norm.weight"]
+    with pytest.raises(ValueError, match="q_norm.weight"):
+        param_groups(Toy().named_parameters(), roles, OptimConfig())
+
+
+def test_frozen_parameters_are_left_out():
+    model = Toy()
+    model.embed.weight.requires_grad_(False)
+    groups = param_groups(model.named_parameters(), Toy.ROLES, OptimConfig())
+    assert sum(len(g["params"]) for g in groups) == len(Toy.ROLES) - 1
+
+
+def test_muon_settings_flow_from_config():
+    cfg = OptimConfig(name="muon", muon=MuonConfig(momentum=0.9, nesterov=False, ns_steps=3, update_scale="jordan"))
+    g = param_groups(Toy().named_parameters(), Toy.ROLES, cfg)[0]
+    assert (g["momentum"], g["nesterov"], g["ns_steps"], g["update_scale"]) == (0.9, False, 3, "jordan")
+
+
+def test_set_lr_respects_lr_scale():
+    opt = build_optimizer(Toy(), Toy.ROLES, OptimConfig(name="muon"))
+    opt.param_groups[0]["lr_scale"] = 0.5
+    set_lr(opt, 1e-3)
+    assert [g["lr"] for g in opt.param_groups] == [5e-4, 1e-3, 1e-3]  # muon, adamw/decay, adamw/no_decay (α)

@@ -1,0 +1,138 @@
+"""HybridOptimizer (optim/hybrid.py) on one process: equal to torch's own AdamW + Muon side by side, fused = foreach,
+and state_dict round trips (the 2-rank FSDP2 + DCP round trip is in test_optim_dist.py)."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from config import MuonConfig, OptimConfig
+from model.config import Role
+from optim import build_optimizer, param_groups, set_lr
+from optim.hybrid import HybridOptimizer
+
+VOCAB, D = 13, 8
+
+
+class Tiny(nn.Module):
+    ROLES = {"embed.weight": Role.EMBED, "norm": Role.SCALE_INPUT, "qk_norm": Role.SCALE_OUTPUT,
+             "proj.weight": Role.MATRIX, "lm_head.weight": Role.LM_HEAD}
+
+    def __init__(self, seed: int = 0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.embed = nn.Embedding(VOCAB, D)
+        self.norm = nn.Parameter(1 + 0.1 * torch.randn(D))
+        self.proj = nn.Linear(D, 2 * D, bias=False)
+        self.qk_norm = nn.Parameter(torch.ones(2 * D))
+        self.lm_head = nn.Linear(2 * D, VOCAB, bias=False)
+
+    def forward(self, idx):
+        return self.lm_head(torch.tanh(self.proj(self.embed(idx) * self.norm)) * self.qk_norm)
+
+
+def _steps(model, opt, n, seed=0, lrs=None):
+    gen = torch.Generator().manual_seed(seed)
+    losses = []
+    for i in range(n):
+        data = torch.randint(0, VOCAB, (4, 9), generator=gen)
+        if lrs is not None:
+            set_lr(opt, lrs[i])
+        loss = F.cross_entropy(model(data[:, :-1]).reshape(-1, VOCAB), data[:, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+def test_equals_torch_adamw_plus_torch_muon():
+    cfg = OptimConfig(name="muon", lr=1e-2, scale_weight_decay="iwd", muon=MuonConfig(update_scale="moonlight"))
+    ours, ref = Tiny(), Tiny()
+    opt = build_optimizer(ours, Tiny.ROLES, cfg)
+    ref_opts = []
+    for g in param_groups(ref.named_parameters(), Tiny.ROLES, cfg):
+        if g["kind"] == "muon":
+            ref_opts.append(torch.optim.Muon(g["params"], lr=g["lr"], weight_decay=g["weight_decay"],
+                                             momentum=g["momentum"], nesterov=g["nesterov"],
+                                             adjust_lr_fn="match_rms_adamw"))
+        else:
+            ref_opts.append(torch.optim.AdamW(g["params"], lr=g["lr"], betas=g["betas"], eps=g["eps"],
+                                              weight_decay=g["weight_decay"]))
+
+    class Both:  # the two stock optimizers side by side, as torch's Muon docstring suggests
+        param_groups = [g for o in ref_opts for g in o.param_groups]
+
+        def step(self):
+            for o in ref_opts:
+                o.step()
+
+        def zero_grad(self, set_to_none=True):
+            for o in ref_opts:
+                o.zero_grad(set_to_none=set_to_none)
+
+    lrs = [1e-2 * f for f in (0.5, 1.0, 0.8, 0.4, 0.1)]
+    assert _steps(ours, opt, 5, lrs=lrs) == _steps(ref, Both(), 5, lrs=lrs)
+    for (n, p), (_, q) in zip(ours.named_parameters(), ref.named_parameters()):
+        assert torch.equal(p, q), n
+
+
+@pytest.mark.parametrize("name", ["adamw", "muon"])
+def test_fused_adamw_matches_foreach(name):
+    a, b = Tiny(), Tiny()
+    cfg = OptimConfig(name=name, lr=1e-2)
+    opt_a = HybridOptimizer(param_groups(a.named_parameters(), Tiny.ROLES, cfg), fused=False)
+    opt_b = HybridOptimizer(param_groups(b.named_parameters(), Tiny.ROLES, cfg), fused=True)  # CPU fused kernel
+    assert any(g.get("fused") for g in opt_b.param_groups)
+    la, lb = _steps(a, opt_a, 4), _steps(b, opt_b, 4)
+    assert la == pytest.approx(lb, rel=1e-6, abs=1e-7)
+    for p, q in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("fused_after", [False, True])
+def test_state_dict_round_trip_resumes_identically(fused_after):
+    cfg = OptimConfig(name="muon", lr=1e-2, scale_weight_decay="iwd")
+    model = Tiny()
+    opt = build_optimizer(model, Tiny.ROLES, cfg)
+    _steps(model, opt, 3)
+    saved_model = {k: v.clone() for k, v in model.state_dict().items()}
+    saved_opt = copy.deepcopy(opt.state_dict())  # state_dict() hands out the live tensors
+    cont = _steps(model, opt, 3, seed=1)
+
+    fresh = Tiny(seed=5)
+    fresh.load_state_dict(saved_model)
+    fresh_opt = HybridOptimizer(param_groups(fresh.named_parameters(), Tiny.ROLES, cfg), fused=fused_after)
+    fresh_opt.load_state_dict(saved_opt)
+    if fused_after:  # a CPU checkpoint resumed with fused AdamW: `step` moves next to its parameter
+        assert all(fresh_opt.state[p]["step"].device == p.device for p in fresh_opt.param_groups[1]["params"])
+        assert _steps(fresh, fresh_opt, 3, seed=1) == pytest.approx(cont, rel=1e-6)
+    else:
+        assert _steps(fresh, fresh_opt, 3, seed=1) == cont
+
+
+def test_load_keeps_live_hyperparameters():
+    model = Tiny()
+    opt = build_optimizer(model, Tiny.ROLES, OptimConfig(name="muon", weight_decay=0.1))
+    _steps(model, opt, 1)
+    sd = opt.state_dict()
+    opt2 = build_optimizer(Tiny(), Tiny.ROLES, OptimConfig(name="muon", weight_decay=0.2, betas=(0.8, 0.9)))
+    opt2.load_state_dict(sd)
+    assert [g["weight_decay"] for g in opt2.param_groups] == [0.2, 0.2]  # the resolved config wins
+    assert opt2.param_groups[1]["betas"] == (0.8, 0.9)
+    assert len(opt2.state) == len(opt.state)
+
+
+def test_load_rejects_a_checkpoint_with_other_groups():
+    model = Tiny()
+    opt = build_optimizer(model, Tiny.ROLES, OptimConfig(name="adamw", scale_weight_decay="iwd"))
+    _steps(model, opt, 1)
+    other = build_optimizer(Tiny(), Tiny.ROLES, OptimConfig(name="muon", scale_weight_decay="iwd"))
+    with pytest.raises(ValueError, match="scale_weight_decay"):
+        other.load_state_dict(opt.state_dict())
+
+
+def test_groups_need_a_kind():
+    with pytest.raises(ValueError, match="kind"):
+        HybridOptimizer([{"params": [nn.Parameter(torch.ones(2))], "name": "x", "lr": 1e-3}])
