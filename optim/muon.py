@@ -82,8 +82,9 @@ def orthogonalize(update: Tensor, coefficients: tuple[float, float, float], step
     if isinstance(update, DTensor):
         full = update.full_tensor()  # all-gather: [m, n] on every rank
         ortho = zeropower_via_newtonschulz(full, coefficients, steps, eps)
-        # src_data_rank=None: every rank slices its own shard from its own copy, no scatter; the copies are equal
-        # because every rank ran the same kernels on the same gathered input.
+        # src_data_rank=None: every rank slices its own shard from its own copy, no scatter. Each row lives on
+        # one rank only, so the copies need not even agree bit for bit (they do: same kernels, same input); with a
+        # Replicate mesh dimension (HSDP) they must, which the same-kernels argument gives.
         return distribute_tensor(ortho, update.device_mesh, update.placements, src_data_rank=None)
     return zeropower_via_newtonschulz(update, coefficients, steps, eps)
 
