@@ -1,0 +1,147 @@
+"""Where documents come from: the built-in corpus, local files (through `datasets`), or a Hub dataset, streamed.
+
+Source strings:
+  builtin:pd_english              data/builtin.py
+  hf:ORG/NAME[:SUBSET]            split "train" of a Hugging Face Hub dataset, streamed (needs internet);
+                                  e.g. hf:HuggingFaceFW/fineweb-edu:sample-10BT
+  PATH                            a file or a folder of files: .txt/.raw/.md/.text (one document per file),
+                                  .jsonl/.json and .parquet (one document per row, text in `text_column`)
+
+Every source yields plain strings, one per document, in a fixed order.
+"""
+from __future__ import annotations
+
+import os
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Literal, Optional
+
+from data.builtin import builtin_documents, pd_english_bytes
+
+TEXT_SUFFIXES = (".txt", ".raw", ".md", ".text")
+BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", **{s: "text" for s in TEXT_SUFFIXES}}
+HF_PROBE_TIMEOUT_S = 8.0
+
+
+class SourceError(RuntimeError):
+    """A source that cannot be read; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: Literal["builtin", "hf", "local"]
+    name: str  # builtin name, Hub dataset name, or the path
+    subset: Optional[str] = None
+
+    def __str__(self) -> str:
+        if self.kind == "local":
+            return self.name
+        return f"{self.kind}:{self.name}" + (f":{self.subset}" if self.subset else "")
+
+
+def parse_source(text: str) -> Source:
+    if text.startswith("builtin:"):
+        return Source("builtin", text[len("builtin:"):])
+    if text.startswith("hf:"):
+        name, _, subset = text[len("hf:"):].partition(":")
+        if name.count("/") != 1:
+            raise SourceError(f"source {text!r}: expected hf:ORG/NAME[:SUBSET], e.g. "
+                              "hf:HuggingFaceFW/fineweb-edu:sample-10BT")
+        return Source("hf", name, subset or None)
+    if not Path(text).exists():
+        raise SourceError(f"source {text!r}: no such file or folder (Hub datasets are written hf:ORG/NAME[:SUBSET], "
+                          "the built-in corpus builtin:pd_english)")
+    return Source("local", text)
+
+
+def source_bytes(src: Source) -> Optional[int]:
+    """Approximate input size for the progress bar; None when unknown (a stream)."""
+    if src.kind == "builtin":
+        return pd_english_bytes()
+    if src.kind == "local":
+        return sum(p.stat().st_size for p in local_files(Path(src.name)))
+    return None
+
+
+def iter_documents(src: Source, text_column: str = "text") -> Iterator[str]:
+    if src.kind == "builtin":
+        return builtin_documents(src.name)
+    if src.kind == "local":
+        return _iter_local(Path(src.name), text_column)
+    check_hub_reachable(src.name)
+    return iter_hf(src.name, src.subset, text_column)
+
+
+def local_files(path: Path) -> list[Path]:
+    """The file itself, or the supported files under a folder (recursively, sorted), all of one kind."""
+    if path.is_file():
+        files = [path]
+    else:
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in BUILDERS)
+        if not files:
+            raise SourceError(f"source {path}: no {', '.join(BUILDERS)} files in this folder")
+    kinds = {BUILDERS.get(p.suffix.lower(), "text") for p in files}  # unknown suffixes are read as text
+    if len(kinds) > 1:
+        raise SourceError(f"source {path}: mixes {' and '.join(sorted(kinds))} files; prepare each kind separately")
+    return files
+
+
+def _iter_local(path: Path, text_column: str) -> Iterator[str]:
+    files = local_files(path)
+    builder = BUILDERS.get(files[0].suffix.lower(), "text")
+    import datasets  # imported here: `datasets` is slow to import and only prepare needs it
+
+    kwargs = {"sample_by": "document"} if builder == "text" else {}
+    # Streaming: rows come straight from the files, nothing is copied into the datasets cache.
+    ds = datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train", streaming=True, **kwargs)
+    yield from _texts(ds, "text" if builder == "text" else text_column, str(path))
+
+
+def check_hub_reachable(name: str) -> None:
+    """Fail in seconds, with a clear message, where `datasets` would retry a Hub name for ~20 s offline."""
+    for var in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
+        if os.environ.get(var, "").lower() in ("1", "true", "yes", "on"):
+            raise SourceError(f"cannot stream hf:{name}: {var} is set (offline mode). Streaming a Hub dataset "
+                              "needs internet; offline, download the files elsewhere and pass --source PATH "
+                              "(txt, jsonl or parquet), or use --source builtin:pd_english")
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    url = f"{endpoint}/api/datasets/{name}"
+    try:
+        urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=HF_PROBE_TIMEOUT_S).close()
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            raise SourceError(f"hf:{name}: the Hub has no dataset of that name ({url} → 404)") from None
+        if e.code not in (401, 403):  # gated/private datasets: `datasets` uses the user's token, let it try
+            raise SourceError(f"hf:{name}: the Hub answered {e.code} for {url}") from None
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        raise SourceError(f"cannot reach the Hugging Face Hub ({endpoint}: {reason}); streaming hf:{name} needs "
+                          "internet. Offline, download the files elsewhere and pass --source PATH (txt, jsonl "
+                          "or parquet), or use --source builtin:pd_english") from None
+
+
+def iter_hf(name: str, subset: Optional[str], text_column: str) -> Iterator[str]:
+    """Stream split "train" of a dataset (a Hub name, or anything else `datasets.load_dataset` accepts)."""
+    import datasets
+
+    try:
+        ds = datasets.load_dataset(name, subset, split="train", streaming=True)
+    except Exception as e:  # noqa: BLE001 - datasets raises many types; the user needs the name and the reason
+        raise SourceError(f"cannot open dataset {name}" + (f" (subset {subset})" if subset else "")
+                          + f": {type(e).__name__}: {str(e)[:300]}") from None
+    yield from _texts(ds, text_column, name)
+
+
+def _texts(ds, column: str, where: str) -> Iterator[str]:
+    for i, row in enumerate(ds):
+        if column not in row:
+            raise SourceError(f"{where}: rows have no column {column!r} (columns: {', '.join(row)}); "
+                              "pass --text-column NAME (data.text_column in a config)")
+        text = row[column]
+        if not isinstance(text, str):
+            raise SourceError(f"{where}: row {i} column {column!r} holds {type(text).__name__}, not text")
+        if text:
+            # Universal newlines: `datasets` already reads .txt that way; rows from jsonl/parquet may keep "\r\n".
+            yield text.replace("\r\n", "\n")

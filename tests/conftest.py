@@ -1,0 +1,43 @@
+"""Hermetic caches and offline settings for the whole suite (DESIGN.md, Environment facts, trap 3 and 5).
+
+Set in pytest_configure, before any test module imports tiktoken or datasets (which read these at import time):
+- TIKTOKEN_CACHE_DIR, HF_HOME, HF_DATASETS_CACHE → a fresh temp folder, removed at the end of the session;
+- HF_DATASETS_OFFLINE=1, HF_HUB_OFFLINE=1: `datasets` fails fast instead of retrying the Hub;
+- SCALEVEC_TOKENIZER_DIR → ../shared/tokenizers beside the repo (gpt2.tiktoken), unless already set.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+SHARED = Path(os.environ.get("SCALEVEC_SHARED_DIR") or Path(__file__).resolve().parents[1].parent / "shared")
+_CACHE: list[str] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    cache = tempfile.mkdtemp(prefix="scalevec-test-caches-")
+    _CACHE.append(cache)
+    os.environ["TIKTOKEN_CACHE_DIR"] = os.path.join(cache, "tiktoken")
+    os.environ["HF_HOME"] = os.path.join(cache, "hf")
+    os.environ["HF_DATASETS_CACHE"] = os.path.join(cache, "hf", "datasets")
+    os.environ["HF_DATASETS_OFFLINE"] = "1"
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ.setdefault("SCALEVEC_TOKENIZER_DIR", str(SHARED / "tokenizers"))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for cache in _CACHE:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    """../shared beside the repo (or $SCALEVEC_SHARED_DIR). Missing is a failure, never a skip: CI has it."""
+    assert (SHARED / "tokenizers" / "gpt2.tiktoken").is_file(), (
+        f"{SHARED} lacks tokenizers/gpt2.tiktoken; clone the repo next to the project's shared/ folder "
+        "or set SCALEVEC_SHARED_DIR")
+    return SHARED

