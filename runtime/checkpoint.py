@@ -1,0 +1,356 @@
+"""Checkpoints with torch.distributed.checkpoint (DCP): sharded save, resharding load, crash-safe on disk.
+
+Layout of one checkpoint (`<run>/checkpoints/step_00001000/`):
+
+    .metadata, __<rank>_0.distcp   DCP: {"model": model state, "optim": optimizer state}, one file per rank
+    extra.pt                       the trainer's dict (step, tokens, loader state, config YAML, git commit); rank 0
+    rng_rank<r>.pt                 rank r's RNG states (torch CPU, CUDA, python `random`, numpy)
+    COMPLETE                       JSON {step, world_size, torch}; written LAST, so its presence means "whole"
+
+A save writes everything into `.tmp-step_XXXXXXXX`, renames it to `step_XXXXXXXX` and only then writes the
+marker: a crash at any point leaves either a tmp dir or a dir without the marker, both ignored by
+`latest_checkpoint` and removed by the next save's pruning.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import random
+import re
+import shutil
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+MARKER = "COMPLETE"
+EXTRA_FILE = "extra.pt"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+_TMP_PREFIX = ".tmp-step_"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used: missing, incomplete, or not matching the model/optimizer."""
+
+
+@dataclass(frozen=True)
+class _Dist:
+    rank: int
+    world: int
+    active: bool  # an initialized process group: collectives (barrier, DCP coordination) are needed
+
+
+def _dist() -> _Dist:
+    if dist.is_available() and dist.is_initialized():
+        return _Dist(dist.get_rank(), dist.get_world_size(), True)
+    return _Dist(0, 1, False)
+
+
+def _barrier(d: _Dist) -> None:
+    if d.active:
+        dist.barrier()
+
+
+@contextlib.contextmanager
+def _single_process_quiet(d: _Dist) -> Iterator[None]:
+    """DCP warns on every single-process save/load; without a process group that is exactly our intent."""
+    with warnings.catch_warnings():
+        if not d.active:
+            warnings.filterwarnings("ignore", message="torch.distributed is .*unavailable or uninitialized")
+        yield
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+# ---------------------------------------------------------------------------------------------------- saving
+
+
+def save_checkpoint(ckpt_dir: Path, step: int, model: nn.Module, optimizer: Optional[torch.optim.Optimizer],
+                    extra: dict, keep: int) -> Path:
+    """Save model + optimizer (sharded, every rank participates), `extra` (rank 0) and each rank's RNG states.
+
+    Collective: every rank must call it with the same arguments. Returns the final checkpoint directory.
+    """
+    if keep < 1:
+        raise ValueError(f"keep={keep}: must keep at least the checkpoint just written")
+    d = _dist()
+    ckpt_dir = Path(ckpt_dir)
+    final = ckpt_dir / step_dir_name(step)
+    tmp = ckpt_dir / f"{_TMP_PREFIX}{step:08d}"
+    # Validate `extra` on every rank before any collective (so all ranks raise together instead of the others
+    # waiting in a barrier), against exactly the loader resume will use, instead of failing at resume time.
+    extra_bytes = _serialize_extra(extra)
+    if d.rank == 0:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():  # left by a save that crashed at this same step
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+    _barrier(d)
+
+    state = {"model": get_model_state_dict(model)}
+    if optimizer is not None:
+        state["optim"] = get_optimizer_state_dict(model, optimizer)
+    with _single_process_quiet(d):
+        dcp.save(state, checkpoint_id=tmp, no_dist=not d.active)  # FileSystemWriter fsyncs its files
+    _atomic_write(tmp / f"rng_rank{d.rank}.pt", _to_bytes(_rng_state()))
+    if d.rank == 0:
+        _atomic_write(tmp / EXTRA_FILE, extra_bytes)
+    _barrier(d)  # every rank's shards and RNG file are on disk before rank 0 declares the checkpoint whole
+
+    if d.rank == 0:
+        if final.exists():  # re-saving a step (e.g. after a crash right after this step): replace it whole
+            old = tmp.with_name(tmp.name + ".old")  # a tmp name: if the delete is cut short, pruning finishes it
+            (final / MARKER).unlink(missing_ok=True)
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+            _remove(old)
+        os.replace(tmp, final)
+        _fsync_dir(ckpt_dir)
+        marker = {"step": step, "world_size": d.world, "torch": torch.__version__}
+        _atomic_write(final / MARKER, json.dumps(marker).encode())
+        _prune(ckpt_dir, keep, just_written=final)
+    _barrier(d)  # no rank returns (and maybe loads or exits) before the checkpoint is complete
+    return final
+
+
+def _prune(ckpt_dir: Path, keep: int, just_written: Path) -> None:
+    complete = _complete_checkpoints(ckpt_dir)
+    survivors = {p for _, p in complete[-keep:]} | {just_written}
+    for _, path in complete:
+        if path not in survivors:
+            _remove(path)
+    # Debris of crashed saves: tmp dirs and renamed-but-unmarked dirs. Only one save runs at a time.
+    for path in ckpt_dir.iterdir():
+        if path == just_written or not path.is_dir():
+            continue
+        if path.name.startswith(_TMP_PREFIX) or (_STEP_DIR.match(path.name) and not (path / MARKER).is_file()):
+            _remove(path)
+
+
+def _remove(path: Path) -> None:
+    # Drop the marker first: a delete interrupted halfway must leave a dir that no longer looks complete.
+    (path / MARKER).unlink(missing_ok=True)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".partial")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # some filesystems (and Windows) do not open directories; the rename is still atomic
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _to_bytes(obj: Any) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _serialize_extra(extra: dict) -> bytes:
+    if not isinstance(extra, dict):
+        raise TypeError(f"checkpoint extra must be a dict, got {type(extra).__name__}")
+    data = _to_bytes(extra)
+    try:
+        _from_bytes(data)
+    except Exception as e:
+        # torch's message is a page of advice about trusting sources; its one useful line names the type.
+        lines = [ln for ln in str(e).splitlines() if "Unsupported global" in ln] or [str(e)[:300]]
+        raise TypeError("checkpoint extra must hold only dicts, lists, tuples, str/int/float/bool/None and "
+                        f"tensors (resume loads it with torch.load(weights_only=True)): {lines[0].strip()}") from None
+    return data
+
+
+def _from_bytes(data: bytes) -> Any:
+    return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+
+
+# ------------------------------------------------------------------------------------------------------- RNG
+
+
+def _rng_state() -> dict:
+    np_state = np.random.get_state(legacy=False)  # {"bit_generator", "state": {"key", "pos"}, "has_gauss", "gauss"}
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        # weights_only loading refuses numpy arrays: keep the MT19937 key as a tensor.
+        "numpy": {**np_state, "state": {"key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
+                                        "pos": int(np_state["state"]["pos"])}},
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()  # the current device: one GPU per rank
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np_state = dict(state["numpy"])
+    np_state["state"] = {"key": state["numpy"]["state"]["key"].numpy().astype(np.uint32),
+                         "pos": state["numpy"]["state"]["pos"]}
+    np.random.set_state(np_state)
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+# ---------------------------------------------------------------------------------------------------- finding
+
+
+def _complete_checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:
+    if not ckpt_dir.is_dir():
+        return []
+    found = []
+    for path in ckpt_dir.iterdir():
+        m = _STEP_DIR.match(path.name)
+        if m and path.is_dir() and (path / MARKER).is_file():
+            found.append((int(m.group(1)), path))
+    return sorted(found)
+
+
+def latest_checkpoint(ckpt_dir: Path) -> Optional[Path]:
+    """The newest complete checkpoint in `ckpt_dir`, or None. Tmp dirs and unmarked dirs never count."""
+    complete = _complete_checkpoints(Path(ckpt_dir))
+    return complete[-1][1] if complete else None
+
+
+def resolve_checkpoint(path: Path) -> Path:
+    """A checkpoint dir from a checkpoint dir, a `checkpoints/` dir (its latest) or a run dir (its latest)."""
+    path = Path(path)
+    if (path / MARKER).is_file():
+        return path
+    if path.is_dir() and _STEP_DIR.match(path.name):
+        raise CheckpointError(f"{path} is incomplete (no {MARKER} marker): the save that wrote it did not finish")
+    for ckpt_dir in (path, path / "checkpoints"):
+        latest = latest_checkpoint(ckpt_dir)
+        if latest is not None:
+            return latest
+    raise CheckpointError(f"no complete checkpoint at {path} (looked for {MARKER} in {path}, in {path}/step_*, "
+                          f"and in {path}/checkpoints/step_*)")
+
+
+def read_marker(path: Path) -> dict:
+    return json.loads((Path(path) / MARKER).read_text())
+
+
+# ---------------------------------------------------------------------------------------------------- loading
+
+
+def load_checkpoint(path: Path, model: nn.Module, optimizer: Optional[torch.optim.Optimizer]) -> dict:
+    """Load model + optimizer (resharding to the current layout) and this rank's RNG states; return `extra`.
+
+    Collective when a process group is initialized. A different world size than the saving run's loads the
+    weights and optimizer state fine (DCP reshards) but cannot restore per-rank RNG streams: that is a warning,
+    not an error, because the data loader refuses a world-size change on its own where it matters.
+    """
+    path = resolve_checkpoint(path)
+    d = _dist()
+    _load_states(path, model, optimizer, d)
+    saved_world = read_marker(path)["world_size"]
+    if saved_world == d.world:
+        _set_rng_state(torch.load(path / f"rng_rank{d.rank}.pt", weights_only=True))
+    elif d.rank == 0:
+        warnings.warn(f"checkpoint {path} was saved by {saved_world} ranks, this run has {d.world}: weights and "
+                      "optimizer state were resharded, but per-rank RNG states cannot be restored, so the run "
+                      "will not be bit-identical to an uninterrupted one", RuntimeWarning, stacklevel=2)
+    return load_extra(path)
+
+
+def load_model_weights(model: nn.Module, path: Path) -> dict:
+    """Model weights only (no optimizer, no RNG), for tools: sampling, export. Returns the checkpoint's `extra`.
+
+    `path` may be a checkpoint, a `checkpoints/` dir or a run dir. Works in a plain single process on a
+    checkpoint saved by any number of FSDP ranks (DCP reshards into the unsharded module).
+    """
+    path = resolve_checkpoint(path)
+    _load_states(path, model, None, _dist())
+    return load_extra(path)
+
+
+def load_extra(path: Path) -> dict:
+    return torch.load(resolve_checkpoint(path) / EXTRA_FILE, weights_only=True, map_location="cpu")
+
+
+def _load_states(path: Path, model: nn.Module, optimizer: Optional[torch.optim.Optimizer], d: _Dist) -> None:
+    state = {"model": get_model_state_dict(model)}
+    if optimizer is not None:
+        state["optim"] = get_optimizer_state_dict(model, optimizer)
+    # Check names and shapes ourselves first: DCP's own error for a different architecture is a planner
+    # traceback. Every rank reads the same metadata, so every rank raises together (no hang in a collective).
+    metadata = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    problems = _mismatches(state, metadata)
+    if problems:
+        raise CheckpointError(f"checkpoint {path} does not match this model/optimizer "
+                              f"(a different architecture, scale-vector design or optimizer?):\n  "
+                              + "\n  ".join(problems))
+    # Tensors are checked strictly above; partial load only lets a param-group hyperparameter that a newer
+    # torch added to the optimizer (absent from an older checkpoint) keep its constructor value.
+    with _single_process_quiet(d):
+        dcp.load(state, checkpoint_id=path, planner=DefaultLoadPlanner(allow_partial_load=True),
+                 no_dist=not d.active)
+    set_model_state_dict(model, state["model"])
+    if optimizer is not None:
+        set_optimizer_state_dict(model, optimizer, state["optim"])
+
+
+def _mismatches(state: dict, metadata: dict, show: int = 5) -> list[str]:
+    """Human-readable differences between our tensors and the checkpoint's (`model.*`, `optim.state.*`)."""
+    ours: dict[str, tuple[int, ...]] = {}
+    for fqn, t in state["model"].items():
+        ours[f"model.{fqn}"] = tuple(t.shape)  # a DTensor's .shape is the global shape, as in the metadata
+    for fqn, per_param in state.get("optim", {}).get("state", {}).items():
+        for name, t in per_param.items():
+            if isinstance(t, torch.Tensor):
+                ours[f"optim.state.{fqn}.{name}"] = tuple(t.shape)
+    prefixes = ("model.", "optim.state.") if "optim" in state else ("model.",)
+    theirs = {k: tuple(v.size) for k, v in metadata.items()
+              if k.startswith(prefixes) and isinstance(v, TensorStorageMetadata)}
+    problems = []
+    for title, keys in (("missing from checkpoint", sorted(ours.keys() - theirs.keys())),
+                        ("in checkpoint but not in model", sorted(theirs.keys() - ours.keys()))):
+        if keys:
+            more = f" … and {len(keys) - show} more" if len(keys) > show else ""
+            problems.append(f"{len(keys)} {title}: {', '.join(keys[:show])}{more}")
+    shapes = [f"{k}: checkpoint {list(theirs[k])} vs model {list(ours[k])}"
+              for k in sorted(ours.keys() & theirs.keys()) if ours[k] != theirs[k]]
+    if shapes:
+        more = f" … and {len(shapes) - show} more" if len(shapes) > show else ""
+        problems.append(f"{len(shapes)} shape mismatches: {'; '.join(shapes[:show])}{more}")
+    if "optim" in state:
+        groups = {int(k.split(".")[2]) for k in metadata if k.startswith("optim.param_groups.")}
+        if len(groups) != len(state["optim"].get("param_groups", [])):
+            problems.append(f"optimizer has {len(state['optim']['param_groups'])} param groups, "
+                            f"checkpoint has {len(groups)}")
+    return problems
