@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Literal, Optional
 
 NAMED_TOKENIZERS = ("gpt2", "r50k_base", "cl100k_base", "o200k_base")
 _BPE_SPEC = re.compile(r"bpe:(\d+)")
@@ -27,6 +27,9 @@ class DataConfig:
     # the same on every machine and duplicates of a document land on the same side).
     val_frac: float = 0.02
     text_column: str = "text"  # column holding the text in jsonl / parquet / Hub datasets
+    # What one document is in a .txt source: the whole file, each blank-line-separated paragraph, or each line.
+    # A single huge .txt file wants "paragraph": one document is read into memory and tokenized by one thread.
+    txt_document: Literal["file", "paragraph", "line"] = "file"
     max_tokens: Optional[int] = None  # stop after this many train tokens (a streamed Hub dataset has no end)
 
     def invariants(self) -> list[tuple[str, str]]:

@@ -35,7 +35,7 @@ from data.tokenizer import TRAINED_FILE, Tokenizer, load_tokenizer, write_ranks
 DEFAULT_SHARD_TOKENS = 100_000_000  # 200 MB of uint16 per shard
 BATCH_CHARS = 4 << 20  # text handed to tiktoken per batch call: big enough to keep every thread busy
 BPE_TRAIN_CHARS = 200 << 20  # a trained BPE learns from at most this much train text
-CFG_KEYS = ("source", "tokenizer", "val_frac", "text_column", "max_tokens")  # request keys a DataConfig decides
+CFG_KEYS = ("source", "tokenizer", "val_frac", "text_column", "txt_document", "max_tokens")  # set by a DataConfig
 
 
 def is_val(text: str, val_frac: float) -> bool:
@@ -52,6 +52,8 @@ def prepare_command(cfg: DataConfig, eval_only: bool = False, like: Optional[str
         parts += ["--val-frac", str(cfg.val_frac)]
     if cfg.text_column != DataConfig.text_column:
         parts += ["--text-column", cfg.text_column]
+    if cfg.txt_document != DataConfig.txt_document:
+        parts += ["--txt-document", cfg.txt_document]
     if cfg.max_tokens is not None:
         parts += ["--max-tokens", str(cfg.max_tokens)]
     return " ".join(shlex.quote(p) for p in parts + ["--out", cfg.dir])
@@ -61,8 +63,8 @@ def _request(cfg: DataConfig, eval_only: bool, like_hash: Optional[str], shard_t
     src = parse_source(cfg.source)
     return {"source": str(Path(src.name).resolve()) if src.kind == "local" else str(src),
             "tokenizer": cfg.tokenizer, "val_frac": None if eval_only else cfg.val_frac,
-            "text_column": cfg.text_column, "max_tokens": cfg.max_tokens, "eval_only": eval_only,
-            "like_ranks_hash": like_hash, "shard_tokens": shard_tokens}
+            "text_column": cfg.text_column, "txt_document": cfg.txt_document, "max_tokens": cfg.max_tokens,
+            "eval_only": eval_only, "like_ranks_hash": like_hash, "shard_tokens": shard_tokens}
 
 
 def prepare(cfg: DataConfig, *, eval_only: bool = False, like: str | Path | None = None,
@@ -89,8 +91,9 @@ def prepare(cfg: DataConfig, *, eval_only: bool = False, like: str | Path | None
     tok = _resolve_tokenizer(cfg, src, out, eval_only, like, like_meta, bpe_train_chars, progress)
     dtype = dtype_for(tok.n_vocab)
     writers = {s: SplitWriter(out, s, dtype, shard_tokens) for s in (("val",) if eval_only else ("train", "val"))}
-    text_bytes = _tokenize(iter_documents(src, cfg.text_column), tok, writers, cfg, eval_only, num_threads,
-                           total=source_bytes(src), progress=progress, desc=f"tokenizing {src}")
+    docs = iter_documents(src, cfg.text_column, cfg.txt_document)
+    text_bytes = _tokenize(docs, tok, writers, cfg, eval_only, num_threads, total=source_bytes(src),
+                           progress=progress, desc=f"tokenizing {src}")
     splits = {s: w.close() for s, w in writers.items()}
     if not splits["val"].tokens:
         raise DataError(f"no document of {src} fell in the val split ({splits['train'].docs} documents, "
@@ -138,9 +141,11 @@ def _resolve_tokenizer(cfg: DataConfig, src: Source, out: Path, eval_only: bool,
         if eval_only:
             raise DataError(f"an eval-only set must use its training data's tokenizer; {cfg.tokenizer} is trained "
                             "per data dir, so pass --like TRAIN_DIR instead of --tokenizer")
+        # A first pass over the source: count words of the train documents only (the val split stays unseen).
         n = int(cfg.tokenizer[4:])
         t0 = time.time()
-        train_docs = (d for d in iter_documents(src, cfg.text_column) if not is_val(d, cfg.val_frac))
+        train_docs = (d for d in iter_documents(src, cfg.text_column, cfg.txt_document)
+                      if not is_val(d, cfg.val_frac))
         counts = count_words(tqdm(train_docs, desc="counting words for BPE", unit=" docs", disable=not progress),
                              max_bytes=bpe_train_chars)
         write_ranks(train_bpe(counts, n), out / TRAINED_FILE)
@@ -234,6 +239,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--tokenizer", help="gpt2 | r50k_base | cl100k_base | o200k_base | bpe:N | ranks-file path")
     p.add_argument("--val-frac", type=float, help=f"fraction of documents held out (default {DataConfig.val_frac})")
     p.add_argument("--text-column", help="column holding the text (jsonl / parquet / Hub)")
+    p.add_argument("--txt-document", choices=("file", "paragraph", "line"),
+                   help="what one document is in .txt sources (default: the whole file)")
     p.add_argument("--max-tokens", type=float, help="stop after this many train tokens (e.g. 1e9)")
     p.add_argument("--eval-only", action="store_true", help="write a val split only: an extra eval set")
     p.add_argument("--like", help="a prepared training dir whose tokenizer to use (for --eval-only sets)")
@@ -246,8 +253,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     if a.config:
         from config import load_config  # the run-config loader lives at the repo root
 
-        cfg = load_config(a.config).data
-    for key in ("source", "tokenizer", "val_frac", "text_column"):
+        try:
+            cfg = load_config(a.config).data
+        except ValueError as e:  # ConfigError
+            p.error(str(e))
+    for key in ("source", "tokenizer", "val_frac", "text_column", "txt_document"):
         if getattr(a, key) is not None:
             cfg = replace(cfg, **{key: getattr(a, key)})
     if a.max_tokens is not None:

@@ -4,8 +4,9 @@ Source strings:
   builtin:pd_english              data/builtin.py
   hf:ORG/NAME[:SUBSET]            split "train" of a Hugging Face Hub dataset, streamed (needs internet);
                                   e.g. hf:HuggingFaceFW/fineweb-edu:sample-10BT
-  PATH                            a file or a folder of files: .txt/.raw/.md/.text (one document per file),
-                                  .jsonl/.json and .parquet (one document per row, text in `text_column`)
+  PATH                            a file or a folder of files: .txt/.raw/.md/.text (one document per file,
+                                  or per paragraph / line: `txt_document`), .jsonl/.json and .parquet (one
+                                  document per row, text in `text_column`)
 
 Every source yields plain strings, one per document, in a fixed order.
 """
@@ -65,11 +66,11 @@ def source_bytes(src: Source) -> Optional[int]:
     return None
 
 
-def iter_documents(src: Source, text_column: str = "text") -> Iterator[str]:
+def iter_documents(src: Source, text_column: str = "text", txt_document: str = "file") -> Iterator[str]:
     if src.kind == "builtin":
         return builtin_documents(src.name)
     if src.kind == "local":
-        return _iter_local(Path(src.name), text_column)
+        return _iter_local(Path(src.name), text_column, txt_document)
     check_hub_reachable(src.name)
     return iter_hf(src.name, src.subset, text_column)
 
@@ -88,12 +89,13 @@ def local_files(path: Path) -> list[Path]:
     return files
 
 
-def _iter_local(path: Path, text_column: str) -> Iterator[str]:
+def _iter_local(path: Path, text_column: str, txt_document: str) -> Iterator[str]:
     files = local_files(path)
     builder = BUILDERS.get(files[0].suffix.lower(), "text")
     import datasets  # imported here: `datasets` is slow to import and only prepare needs it
 
-    kwargs = {"sample_by": "document"} if builder == "text" else {}
+    sample_by = {"file": "document", "paragraph": "paragraph", "line": "line"}[txt_document]
+    kwargs = {"sample_by": sample_by} if builder == "text" else {}
     # Streaming: rows come straight from the files, nothing is copied into the datasets cache.
     ds = datasets.load_dataset(builder, data_files=[str(f) for f in files], split="train", streaming=True, **kwargs)
     yield from _texts(ds, "text" if builder == "text" else text_column, str(path))

