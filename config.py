@@ -36,6 +36,9 @@ class MuonConfig:
     # jordan: update × sqrt(max(1, m/n)) as in Keller Jordan's Muon.
     update_scale: Literal["moonlight", "jordan"] = "moonlight"
     eps: float = 1e-7
+    # Newton–Schulz precision: bf16 as Keller Jordan / Moonlight; float32 for reference runs (bf16 rounding makes
+    # runs that differ only in fp32 summation order, e.g. 1 vs 2 ranks, drift apart by ~1e-4 in loss).
+    ns_dtype: Literal["bfloat16", "float32"] = "bfloat16"
 
 
 @dataclass
@@ -74,7 +77,8 @@ class TrainConfig:
     keep_ckpts: int = 2
     seed: int = 0
     compile: bool = False
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bf16 mixed precision on CUDA, fp32 on CPU
+    # auto: bf16 mixed precision on CUDA, fp32 on CPU; float64 runs everything in double (reference tests)
+    dtype: Literal["auto", "float32", "bfloat16", "float64"] = "auto"
     on_nonfinite: Literal["stop"] = "stop"  # a NaN/inf loss or grad norm stops the run before any checkpoint
     device: Literal["auto", "cpu", "cuda"] = "auto"
 

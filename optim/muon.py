@@ -37,7 +37,8 @@ UPDATE_SCALES = ("moonlight", "jordan")
 
 
 def zeropower_via_newtonschulz(
-    grad: Tensor, coefficients: tuple[float, float, float] = NS_COEFFICIENTS, steps: int = 5, eps: float = 1e-7
+    grad: Tensor, coefficients: tuple[float, float, float] = NS_COEFFICIENTS, steps: int = 5, eps: float = 1e-7,
+    dtype: torch.dtype = torch.bfloat16,
 ) -> Tensor:
     """≈ U·Vᵀ for grad = U·S·Vᵀ, in bf16; [..., m, n] → [..., m, n]. The quintic trades exactness for speed: it
     maps singular values to roughly 0.7–1.2 rather than exactly 1, which Keller Jordan found harmless.
@@ -49,7 +50,7 @@ def zeropower_via_newtonschulz(
         raise ValueError(f"Newton–Schulz needs a matrix, got shape {tuple(grad.shape)}")
     a, b, c = coefficients
     shape = grad.shape
-    x = grad.bfloat16()
+    x = grad.to(dtype)  # bf16 by default; float32 for reference runs
     if x.ndim > 3:
         x = x.reshape(-1, *shape[-2:])
     transposed = shape[-2] > shape[-1]  # iterate on the wide side: the Gram matrix is min(m, n)²
@@ -77,16 +78,17 @@ def update_scale(shape: torch.Size | tuple[int, ...], kind: str) -> float:
     raise ValueError(f"unknown Muon update_scale {kind!r}; expected one of {UPDATE_SCALES}")
 
 
-def orthogonalize(update: Tensor, coefficients: tuple[float, float, float], steps: int, eps: float) -> Tensor:
+def orthogonalize(update: Tensor, coefficients: tuple[float, float, float], steps: int, eps: float,
+                  dtype: torch.dtype = torch.bfloat16) -> Tensor:
     """Newton–Schulz on the whole matrix, also when `update` is a sharded DTensor (see the module docstring)."""
     if isinstance(update, DTensor):
         full = update.full_tensor()  # all-gather: [m, n] on every rank
-        ortho = zeropower_via_newtonschulz(full, coefficients, steps, eps)
+        ortho = zeropower_via_newtonschulz(full, coefficients, steps, eps, dtype)
         # src_data_rank=None: every rank slices its own shard from its own copy, no scatter. Each row lives on
         # one rank only, so the copies need not even agree bit for bit (they do: same kernels, same input); with a
         # Replicate mesh dimension (HSDP) they must, which the same-kernels argument gives.
         return distribute_tensor(ortho, update.device_mesh, update.placements, src_data_rank=None)
-    return zeropower_via_newtonschulz(update, coefficients, steps, eps)
+    return zeropower_via_newtonschulz(update, coefficients, steps, eps, dtype)
 
 
 @torch.no_grad()
@@ -103,11 +105,12 @@ def muon_update(
     ns_steps: int,
     eps: float,
     update_scale_kind: str,
+    ns_dtype: str = "bfloat16",
 ) -> None:
     """One Muon step for one parameter, in place (param, momentum_buffer); plain tensors or DTensors alike."""
     momentum_buffer.lerp_(grad, 1 - momentum)  # B ← μB + (1−μ)G
     update = grad.lerp(momentum_buffer, momentum) if nesterov else momentum_buffer  # (1−μ)G + μB
-    ortho = orthogonalize(update, ns_coefficients, ns_steps, eps)
+    ortho = orthogonalize(update, ns_coefficients, ns_steps, eps, getattr(torch, ns_dtype))
     param.mul_(1 - lr * weight_decay)
     param.add_(ortho, alpha=-lr * update_scale(param.shape, update_scale_kind))
 
@@ -131,6 +134,7 @@ class Muon(torch.optim.Optimizer):
         ns_steps: int = 5,
         eps: float = 1e-7,
         update_scale: str = "moonlight",
+        ns_dtype: str = "bfloat16",
     ) -> None:
         if lr < 0 or weight_decay < 0 or not 0 <= momentum < 1:
             raise ValueError(f"Muon: need lr ≥ 0, weight_decay ≥ 0, momentum in [0, 1); got {lr}, "
@@ -139,7 +143,8 @@ class Muon(torch.optim.Optimizer):
             raise ValueError(f"Muon: bad update_scale {update_scale!r}, ns_coefficients {ns_coefficients} or "
                              f"ns_steps {ns_steps}")
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
-                        ns_coefficients=tuple(ns_coefficients), ns_steps=ns_steps, eps=eps, update_scale=update_scale)
+                        ns_coefficients=tuple(ns_coefficients), ns_steps=ns_steps, eps=eps, update_scale=update_scale,
+                        ns_dtype=ns_dtype)
         super().__init__(params, defaults)
         for group in self.param_groups:
             for p in group["params"]:
@@ -163,6 +168,6 @@ class Muon(torch.optim.Optimizer):
                     p, p.grad, state["momentum_buffer"], lr=float(group["lr"]),
                     weight_decay=group["weight_decay"], momentum=group["momentum"], nesterov=group["nesterov"],
                     ns_coefficients=tuple(group["ns_coefficients"]), ns_steps=group["ns_steps"], eps=group["eps"],
-                    update_scale_kind=group["update_scale"],
+                    update_scale_kind=group["update_scale"], ns_dtype=group.get("ns_dtype", "bfloat16"),
                 )
         return loss

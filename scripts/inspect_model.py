@@ -14,24 +14,32 @@ from config import ConfigError, load_config, resolve_vocab
 from model.llama import Llama
 
 
-def breakdown(cfg) -> dict:
-    model_cfg = resolve_vocab(cfg)
-    with torch.device("meta"):
-        model = Llama(model_cfg)
+def breakdown(model: Llama, seq_len: int) -> dict:
     by_role = model.params_by_role()
-    vectors = {name: sum(p.numel() for p in sv.parameters()) for name, sv in model.scale_vectors()}
+    scale = by_role["scale_input"] + by_role["scale_output"]
     return {
         "total_params": model.num_params(),
         "non_embedding_params": model.num_params(exclude_embedding=True),
-        "scale_params": by_role["scale_input"] + by_role["scale_output"],
-        "scale_fraction": (by_role["scale_input"] + by_role["scale_output"]) / model.num_params(),
+        "scale_params": scale,
+        "scale_fraction": scale / model.num_params(),
         "by_role": by_role,
-        "n_scale_vectors": len(vectors),
-        "vocab_size": model_cfg.vocab_size,
-        "seq_len": cfg.data.seq_len,
-        "flops_per_token": model.flops_per_token(cfg.data.seq_len),
-        "scale": vars(model_cfg.scale) | {"gemma_norms": model_cfg.gemma_norms},
+        "n_scale_vectors": sum(1 for _ in model.scale_vectors()),
+        "vocab_size": model.cfg.vocab_size,
+        "seq_len": seq_len,
+        "flops_per_token": model.flops_per_token(seq_len),
+        "scale": vars(model.cfg.scale) | {"gemma_norms": model.cfg.gemma_norms},
     }
+
+
+def print_breakdown(model: Llama, seq_len: int) -> None:
+    info = breakdown(model, seq_len)
+    print(f"total params          {info['total_params']:>15,}")
+    print(f"non-embedding params  {info['non_embedding_params']:>15,}")
+    print(f"scale-vector params   {info['scale_params']:>15,}  ({info['scale_fraction']:.3e} of total, "
+          f"{info['n_scale_vectors']} vectors)")
+    for role, n in info["by_role"].items():
+        print(f"  {role:<20}{n:>15,}")
+    print(f"training FLOPs/token  {info['flops_per_token']:>15,}  (6N + attention at seq_len {info['seq_len']})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,20 +49,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="dotted.key=value overrides")
     args = parser.parse_args(argv)
     try:
-        info = breakdown(load_config(args.config, args.overrides))
+        cfg = load_config(args.config, args.overrides)
+        with torch.device("meta"):
+            model = Llama(resolve_vocab(cfg))
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(info, indent=2))
-        return 0
-    print(f"total params          {info['total_params']:>15,}")
-    print(f"non-embedding params  {info['non_embedding_params']:>15,}")
-    print(f"scale-vector params   {info['scale_params']:>15,}  ({info['scale_fraction']:.3e} of total, "
-          f"{info['n_scale_vectors']} vectors)")
-    for role, n in info["by_role"].items():
-        print(f"  {role:<20}{n:>15,}")
-    print(f"training FLOPs/token  {info['flops_per_token']:>15,}  (6N + attention at seq_len {info['seq_len']})")
+        print(json.dumps(breakdown(model, cfg.data.seq_len), indent=2))
+    else:
+        print_breakdown(model, cfg.data.seq_len)
     return 0
 
 

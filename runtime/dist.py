@@ -1,0 +1,63 @@
+"""Process-group setup and teardown: nccl on CUDA, gloo on CPU, under torchrun or as a plain `python train.py`.
+
+A single process still gets a (one-rank) process group so that FSDP2, DCP and the collectives run the same code
+for 1 and N ranks; it uses an in-memory HashStore, so no port is needed.
+"""
+from __future__ import annotations
+
+import gc
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    owns_group: bool  # we created the process group, so we destroy it
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(device_pref: str = "auto") -> DistInfo:
+    """Initialize (or join) the default process group and pick this rank's device."""
+    use_cuda = torch.cuda.is_available() if device_pref == "auto" else device_pref == "cuda"
+    if use_cuda and not torch.cuda.is_available():
+        raise RuntimeError("train.device=cuda but CUDA is not available; use train.device=auto or cpu")
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    backend = "nccl" if use_cuda else "gloo"
+    if dist.is_initialized():  # a caller (a test harness) made the group already
+        return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, device, owns_group=False)
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun
+        dist.init_process_group(backend, device_id=device if use_cuda else None)
+    else:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, device, owns_group=True)
+
+
+def shutdown(info: DistInfo) -> None:
+    """Tear down cleanly. gc + barrier before destroy avoids the FSDP2 exit-time abort (DESIGN.md trap 1)."""
+    if not info.owns_group or not dist.is_initialized():
+        return
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def all_reduce_mean(value: torch.Tensor) -> torch.Tensor:
+    """Mean of a scalar tensor over ranks (float64 on the wire, so reporting never loses precision)."""
+    t = value.detach().to(torch.float64).clone()
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t)
+        t /= dist.get_world_size()
+    return t

@@ -1,0 +1,170 @@
+"""train.py end to end on CPU: FSDP2 ranks vs one process, gradient accumulation, bit-identical resume, non-finite
+stops, and the run directory's contract."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import train
+from config import ConfigError, load_config, resolve_vocab
+from data.config import DataConfig
+from data.prepare import prepare
+from model.llama import build_model
+from runtime.checkpoint import latest_checkpoint, load_model_weights
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> DataConfig:
+    """A tiny prepared corpus: 24 documents cut from tinyshakespeare, a 320-token trained BPE."""
+    root = tmp_path_factory.mktemp("train_data")
+    text = (SHARED / "data/tinyshakespeare/input.txt").read_text()[:240_000]
+    docs = root / "docs"
+    docs.mkdir()
+    for i in range(24):
+        (docs / f"doc{i:02d}.txt").write_text(text[i * 10_000:(i + 1) * 10_000])
+    cfg = DataConfig(source=str(docs), dir=str(root / "prepared"), tokenizer="bpe:320", seq_len=32, val_frac=0.2)
+    prepare(cfg)
+    return cfg
+
+
+def args_for(data: DataConfig, out_dir: Path, name: str, *extra: str) -> list[str]:
+    return [
+        "--config", "configs/base.yaml", "--config", "configs/scale/unified.yaml",
+        "model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.d_ffn=64",
+        f"data.dir={data.dir}", f"data.source={data.source}", "data.tokenizer=bpe:320", "data.seq_len=32",
+        "data.val_frac=0.2",
+        "train.steps=6", "train.global_batch=8", "train.micro_batch=4", "train.eval_every=3",
+        "train.eval_tokens=512", "train.ckpt_every=100", "schedule.warmup_steps=2", "optim.lr=3e-3",
+        "log.every=1", "log.wandb.mode=disabled", f"log.out_dir={out_dir}", f"log.run_name={name}", *extra,
+    ]
+
+
+def records(run_dir: Path, kind: str) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+def final_params(run_dir: Path, argv: list[str]) -> dict[str, torch.Tensor]:
+    cfg = load_config([a for a, b in zip(argv[1::2], argv[::2]) if b == "--config"],
+                      [a for a in argv if "=" in a])
+    meta = json.loads((Path(cfg.data.dir) / "meta.json").read_text())
+    model = build_model(resolve_vocab(cfg, n_vocab=meta["n_vocab"]))
+    load_model_weights(model, latest_checkpoint(run_dir / "checkpoints"))
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, runs: list[list[str]]) -> None:
+    torch.set_num_threads(1)
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    for argv in runs:  # e.g. a stopped run, then the same command again
+        train.main(argv)
+
+
+def run_ranks(world: int, *runs: list[str]) -> None:
+    mp.spawn(_worker, args=(world, _free_port(), list(runs)), nprocs=world, join=True)
+
+
+# ------------------------------------------------------------------------------------------------------ tests
+
+
+def test_run_dir_contract(data_dir, tmp_path):
+    summary = train.main(args_for(data_dir, tmp_path, "smoke"))
+    run = tmp_path / "smoke"
+    assert summary["step"] == 6 and (run / "config.yaml").exists()
+    saved = load_config(run / "config.yaml")
+    assert saved.model.vocab_size == 320 and saved.model.scale.placement == "dnp"  # resolved config
+    train_recs, eval_recs = records(run, "train"), records(run, "eval")
+    assert [r["step"] for r in train_recs] == [1, 2, 3, 4, 5, 6]
+    for r in train_recs:
+        assert {"step", "tokens", "loss", "lr", "grad_norm", "tok_per_s"} <= set(r)
+    assert train_recs[-1]["tokens"] == 6 * 8 * 32
+    assert [r["step"] for r in eval_recs] == [0, 3, 6]
+    assert all("val_loss" in r and "wnorm/L0/q" in r for r in eval_recs)
+    assert "scale/scale_output/L1/mean" in eval_recs[-1]
+    assert eval_recs[-1]["val_loss"] < eval_recs[0]["val_loss"]
+    assert latest_checkpoint(run / "checkpoints").name.endswith("6")
+
+
+def test_gradient_accumulation_matches_one_batch(data_dir, tmp_path):
+    # float64, so that what is compared is the accumulation arithmetic, not fp32 summation order
+    argv_a = args_for(data_dir, tmp_path, "accum", "train.micro_batch=2", "train.dtype=float64")  # 4 × 2
+    argv_b = args_for(data_dir, tmp_path, "whole", "train.micro_batch=8", "train.dtype=float64")  # 1 × 8
+    train.main(argv_a)
+    train.main(argv_b)
+    la = [r["loss"] for r in records(tmp_path / "accum", "train")]
+    lb = [r["loss"] for r in records(tmp_path / "whole", "train")]
+    assert max(abs(a - b) for a, b in zip(la, lb)) < 1e-6
+    pa, pb = final_params(tmp_path / "accum", argv_a), final_params(tmp_path / "whole", argv_b)
+    assert max((pa[n] - pb[n]).abs().max().item() for n in pa) < 1e-6
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_two_fsdp_ranks_match_one_process(data_dir, tmp_path, optimizer):
+    # Newton–Schulz in fp32: in bf16, fp32 summation-order differences between 1 and 2 ranks round differently
+    extra = (f"optim.name={optimizer}", "train.steps=10", "train.eval_every=100", "optim.muon.ns_dtype=float32")
+    one = args_for(data_dir, tmp_path, "one", "train.micro_batch=8", *extra)
+    two = args_for(data_dir, tmp_path, "two", *extra)  # 2 ranks × micro 4 = the same 8 sequences
+    train.main(one)
+    run_ranks(2, two)
+    l1 = [r["loss"] for r in records(tmp_path / "one", "train")]
+    l2 = [r["loss"] for r in records(tmp_path / "two", "train")]
+    assert len(l1) == len(l2) == 10
+    assert max(abs(a - b) for a, b in zip(l1, l2)) < 1e-5
+
+
+def test_two_rank_resume_is_bit_identical(data_dir, tmp_path):
+    full = args_for(data_dir, tmp_path, "full", "train.ckpt_every=2")
+    part = args_for(data_dir, tmp_path, "part", "train.ckpt_every=2")
+    run_ranks(2, full)
+    run_ranks(2, ["--stop-at-step", "3", *part], part)  # stopped after step 3, then the same command again
+    lf = [(r["step"], r["loss"]) for r in records(tmp_path / "full", "train")]
+    lp = [(r["step"], r["loss"]) for r in records(tmp_path / "part", "train")]
+    assert lf == lp  # bit-identical losses, and no duplicated steps in metrics.jsonl
+    pf, pp = final_params(tmp_path / "full", full), final_params(tmp_path / "part", part)
+    assert all(torch.equal(pf[n], pp[n]) for n in pf)
+
+
+def test_nonfinite_loss_stops_before_checkpoint(data_dir, tmp_path, monkeypatch):
+    real = train.cross_entropy
+    calls = {"n": 0}
+
+    def poisoned(logits, targets):
+        loss = real(logits, targets)
+        if not torch.is_grad_enabled():  # evaluation
+            return loss
+        calls["n"] += 1
+        return loss * float("nan") if calls["n"] > 4 else loss  # the 3rd step's forward (2 micro-batches/step)
+
+    monkeypatch.setattr(train, "cross_entropy", poisoned)
+    argv = args_for(data_dir, tmp_path, "nan", "train.ckpt_every=1", "train.eval_every=100")
+    with pytest.raises(train.NonFiniteError, match="at step 3"):
+        train.main(argv)
+    assert latest_checkpoint(tmp_path / "nan" / "checkpoints").name.endswith("2")  # the poisoned state never saved
+
+
+def test_batch_shape_must_divide(data_dir, tmp_path):
+    with pytest.raises(ConfigError, match="train.global_batch"):
+        train.main(args_for(data_dir, tmp_path, "bad", "train.micro_batch=3"))
+
+
+def test_print_config_and_dry_run(data_dir, tmp_path, capsys):
+    train.main(["--print-config", *args_for(data_dir, tmp_path, "p")])
+    assert "placement: dnp" in capsys.readouterr().out
+    train.main(["--dry-run", *args_for(data_dir, tmp_path, "p")])
+    out = capsys.readouterr().out
+    assert "scale-vector params" in out and not (tmp_path / "p").exists()

@@ -1,0 +1,248 @@
+"""Train one run, top to bottom.
+
+    python train.py                                   # the built-in default: configs/tiny_cpu.yaml on CPU
+    python train.py --config configs/dense_0.12b_unified.yaml optim.lr=3e-3
+    torchrun --nproc_per_node=8 train.py --config configs/dense_0.12b_unified.yaml
+
+Re-running the same command in the same run directory resumes from the newest complete checkpoint.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from config import ConfigError, RunConfig, load_config, resolve_vocab
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "tiny_cpu.yaml"
+
+
+class NonFiniteError(RuntimeError):
+    """The loss or the gradient norm became NaN/inf; the state of that step is never checkpointed."""
+
+
+def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", action="append", help="YAML config; repeat to layer (later files win). "
+                                                     f"Default: {DEFAULT_CONFIG.relative_to(DEFAULT_CONFIG.parents[1])}")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--dry-run", action="store_true", help="build the model, print its parameter breakdown, exit")
+    p.add_argument("--stop-at-step", type=int, metavar="K",
+                   help="checkpoint and exit after step K (the schedule still spans train.steps); "
+                        "run the same command again to continue")
+    p.add_argument("overrides", nargs="*", help="dotted.key=value, e.g. optim.lr=3e-3 train.steps=100")
+    return p.parse_args(argv)
+
+
+def main(argv: Optional[list[str]] = None) -> dict:
+    """Run training; returns a summary (final step, train loss, val loss, run dir) for scripts and tests."""
+    args = parse_args(argv)
+    config_paths = args.config or [DEFAULT_CONFIG]
+    cfg = load_config(config_paths, args.overrides)
+    if args.print_config:
+        print(cfg.to_yaml(), end="")
+        return {}
+    run_name = cfg.log.run_name or Path(config_paths[-1]).stem
+    cfg = dataclasses.replace(cfg, log=dataclasses.replace(cfg.log, run_name=run_name))
+
+    # ---- distributed: nccl on CUDA, gloo on CPU; a one-rank group for a plain `python train.py`
+    from runtime.dist import init_distributed, shutdown
+    dist_info = init_distributed(cfg.train.device)
+    try:
+        return _train(cfg, args.dry_run, args.stop_at_step, dist_info)
+    finally:
+        shutdown(dist_info)
+
+
+def _train(cfg: RunConfig, dry_run: bool, stop_at_step: Optional[int], di) -> dict:
+    import torch.distributed as dist
+
+    from data.loader import TrainLoader, read_meta, val_batches
+    from data.prepare import ensure_prepared
+    from model.llama import Llama
+    from optim import build_optimizer, clip_grad_norm, lr_at, set_lr
+    from runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+    from runtime.logging import RunLogger, git_commit
+    from runtime.metrics import mfu, peak_flops
+    from runtime.parallel import resolve_dtype, shard_model
+    from runtime.telemetry import scale_telemetry
+
+    t = cfg.train
+    torch.manual_seed(t.seed)
+
+    # ---- data: rank 0 prepares (the built-in corpus on first use), everyone reads meta.json
+    if di.is_main:
+        ensure_prepared(cfg.data)
+    dist.barrier()
+    meta = read_meta(cfg.data.dir)
+    cfg = dataclasses.replace(cfg, model=resolve_vocab(cfg, n_vocab=meta["n_vocab"]))
+
+    # ---- batch shape: global = micro × world × accumulation
+    per_step = t.micro_batch * di.world_size
+    if t.global_batch % per_step:
+        raise ConfigError(f"train.global_batch: {t.global_batch} is not a multiple of micro_batch × world size = "
+                          f"{t.micro_batch} × {di.world_size}; change one of them")
+    accum = t.global_batch // per_step
+    tokens_per_step = t.global_batch * cfg.data.seq_len
+
+    # ---- model: build on meta → shard (FSDP2) → materialize → one init
+    with torch.device("meta"):
+        model = Llama(cfg.model)
+    roles = model.param_roles()
+    if dry_run:
+        if di.is_main:
+            from scripts.inspect_model import print_breakdown
+            print_breakdown(model, cfg.data.seq_len)
+        return {}
+    compute_dtype = resolve_dtype(t.dtype, di.device)
+    shard_model(model, compute_dtype)
+    model.to_empty(device=di.device)
+    model.init_weights(t.seed)
+    if t.compile:
+        for block in model.layers:
+            block.compile()  # in place: parameter names (and so roles, checkpoints) are unchanged
+    optimizer = build_optimizer(model, roles, cfg.optim, fused=di.device.type == "cuda")
+    loader = TrainLoader(cfg.data.dir, cfg.data.seq_len, t.micro_batch, di.rank, di.world_size, t.seed)
+
+    # ---- resume: the same command in the same run dir continues from the newest complete checkpoint
+    run_dir = Path(cfg.log.out_dir) / cfg.log.run_name
+    ckpt_dir = run_dir / "checkpoints"
+    step, tokens, loss_value = 0, 0, None
+    latest = latest_checkpoint(ckpt_dir)
+    if latest is not None:
+        extra = load_checkpoint(latest, model, optimizer)
+        step, tokens = extra["step"], extra["tokens"]
+        loader.load_state_dict(extra["loader"])
+        if di.is_main:
+            print(f"resumed from {latest} at step {step}")
+
+    logger = RunLogger(run_dir, cfg, di.rank, t.steps, start_step=step)
+    flops_per_token = model.flops_per_token(cfg.data.seq_len)
+    peak = peak_flops(di.device)
+    val_sets = {"val": cfg.data.dir, **{Path(p).name: p for p in cfg.data.val_sets}}
+
+    def evaluate() -> dict:
+        """Mean loss over the first eval_tokens of each validation stream (the same tokens in every run)."""
+        model.eval()
+        out = {}
+        with torch.no_grad():
+            for name, data_dir in val_sets.items():
+                total = torch.zeros(2, dtype=torch.float64, device=di.device)  # (Σ loss · rows, Σ rows)
+                for x, y in val_batches(data_dir, cfg.data.seq_len, t.micro_batch, di.rank, di.world_size,
+                                        t.eval_tokens):
+                    x, y = x.to(di.device), y.to(di.device)
+                    rows = total.new_tensor(float(x.shape[0]))  # the last batch may be smaller
+                    total += torch.stack([cross_entropy(model(x), y).double() * rows, rows])
+                dist.all_reduce(total)
+                key = "val_loss" if name == "val" else f"val_loss/{name}"
+                out[key] = (total[0] / total[1].clamp_min(1)).item()
+        model.train()
+        return out
+
+    def checkpoint() -> None:
+        extra = {"step": step, "tokens": tokens, "loader": loader.state_dict(), "config": cfg.to_yaml(),
+                 "git_commit": git_commit()}
+        save_checkpoint(ckpt_dir, step, model, optimizer, extra, keep=t.keep_ckpts)
+
+    # ---- a SIGTERM/SIGINT finishes the current step, checkpoints and exits (preemption loses nothing)
+    stop = {"requested": False}
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    if _main_thread():
+        for s in previous:
+            signal.signal(s, lambda *_: stop.update(requested=True))
+
+    failed = False
+    try:
+        if step == 0:
+            logger.log_eval(0, {"tokens": 0, **evaluate(), **scale_telemetry(model)})
+        window_t0, window_tokens = time.perf_counter(), 0
+        while step < t.steps:
+            # One optimizer step over the global batch, accumulated over `accum` micro-batches per rank.
+            lr = lr_at(step, t.steps, cfg.optim.lr, cfg.schedule)
+            set_lr(optimizer, lr)
+            loss_sum = torch.zeros((), device=di.device, dtype=torch.float32)
+            for _ in range(accum):
+                x, y = loader.next_batch()  # (micro, seq_len) int64 each
+                x, y = x.to(di.device, non_blocking=True), y.to(di.device, non_blocking=True)
+                loss = cross_entropy(model(x), y) / accum  # every micro-batch has the same token count
+                loss.backward()
+                loss_sum += loss.detach()
+            grad_norm = clip_grad_norm(model.parameters(), cfg.optim.grad_clip)
+            # One small all-reduce per step: the loss for logging, and a stop request seen by any rank.
+            shared = torch.stack([loss_sum.double(), torch.tensor(float(stop["requested"]), device=di.device,
+                                                                  dtype=torch.float64)])
+            dist.all_reduce(shared)
+            loss_value = shared[0].item() / di.world_size
+            if not (math.isfinite(loss_value) and math.isfinite(float(grad_norm))):
+                raise NonFiniteError(f"non-finite {'loss' if not math.isfinite(loss_value) else 'gradient norm'} "
+                                     f"at step {step + 1} (loss {loss_value}, grad norm {float(grad_norm)}); the "
+                                     f"run stopped before the update. Resume from the last checkpoint in "
+                                     f"{ckpt_dir} with a lower optim.lr or a longer schedule.warmup_steps.")
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            tokens += tokens_per_step
+            window_tokens += tokens_per_step
+
+            if step % cfg.log.every == 0 or step == t.steps:
+                elapsed = time.perf_counter() - window_t0
+                tok_per_s = window_tokens / max(elapsed, 1e-9)
+                logger.log_train(step, {"tokens": tokens, "loss": loss_value, "lr": lr,
+                                        "grad_norm": float(grad_norm), "tok_per_s": tok_per_s,
+                                        "mfu": mfu(flops_per_token, tok_per_s, di.world_size, peak)})
+                window_t0, window_tokens = time.perf_counter(), 0
+            if step % t.eval_every == 0 or step == t.steps:
+                logger.log_eval(step, {"tokens": tokens, **evaluate(), **scale_telemetry(model)})
+            stopping = shared[1].item() > 0 or step == stop_at_step
+            if step % t.ckpt_every == 0 or step == t.steps or stopping:
+                checkpoint()
+            if stopping:
+                if di.is_main:
+                    print(f"stopped: checkpointed step {step}; run the same command to resume")
+                break
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        logger.close(failed=failed)
+        if _main_thread():
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+    return {"step": step, "tokens": tokens, "loss": loss_value, "run_dir": str(run_dir),
+            **({} if step < t.steps else {"final": _last_eval(run_dir)})}
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token loss in at least fp32. logits: (B, T, V), targets: (B, T)."""
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def _last_eval(run_dir: Path) -> dict:
+    import json
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():  # only rank 0 writes it
+        return {}
+    evals = [r for r in map(json.loads, path.read_text().splitlines()) if r.get("kind") == "eval"]
+    return {k: v for k, v in evals[-1].items() if k.startswith("val_loss")} if evals else {}
+
+
+def _main_thread() -> bool:
+    import threading
+    return threading.current_thread() is threading.main_thread()
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (ConfigError, NonFiniteError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
