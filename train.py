@@ -39,7 +39,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                    help="checkpoint and exit after step K (the schedule still spans train.steps); "
                         "run the same command again to continue")
     p.add_argument("overrides", nargs="*", help="dotted.key=value, e.g. optim.lr=3e-3 train.steps=100")
-    return p.parse_args(argv)
+    return p.parse_intermixed_args(argv)  # options and key=value overrides in any order
 
 
 def main(argv: Optional[list[str]] = None) -> dict:
@@ -199,11 +199,13 @@ def _train(cfg: RunConfig, dry_run: bool, stop_at_step: Optional[int], di) -> di
                                         "grad_norm": float(grad_norm), "tok_per_s": tok_per_s,
                                         "mfu": mfu(flops_per_token, tok_per_s, di.world_size, peak)})
                 window_t0, window_tokens = time.perf_counter(), 0
+            paused_at = time.perf_counter()  # eval and checkpoint time stays out of tok/s
             if step % t.eval_every == 0 or step == t.steps:
                 logger.log_eval(step, {"tokens": tokens, **evaluate(), **scale_telemetry(model)})
             stopping = shared[1].item() > 0 or step == stop_at_step
             if step % t.ckpt_every == 0 or step == t.steps or stopping:
                 checkpoint()
+            window_t0 += time.perf_counter() - paused_at
             if stopping:
                 if di.is_main:
                     print(f"stopped: checkpointed step {step}; run the same command to resume")

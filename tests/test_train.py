@@ -168,3 +168,58 @@ def test_print_config_and_dry_run(data_dir, tmp_path, capsys):
     train.main(["--dry-run", *args_for(data_dir, tmp_path, "p")])
     out = capsys.readouterr().out
     assert "scale-vector params" in out and not (tmp_path / "p").exists()
+
+
+def test_sample_and_plot_read_a_run(data_dir, tmp_path, capsys):
+    from scripts import plot, sample
+    train.main(args_for(data_dir, tmp_path, "s"))
+    capsys.readouterr()
+    argv = ["--run", str(tmp_path / "s"), "--prompt", "KING", "--max-new-tokens", "12", "--seed", "1"]
+    assert sample.main(argv) == 0
+    first = capsys.readouterr().out
+    assert first.startswith("KING") and len(first) > len("KING\n")
+    sample.main(argv)
+    assert capsys.readouterr().out == first  # seeded
+    assert plot.main([str(tmp_path / "s"), "--out", str(tmp_path / "curve.png")]) == 0
+    assert (tmp_path / "curve.png").stat().st_size > 1000
+
+
+def test_unified_iwd_decays_input_vectors_only():
+    """The real unified model under iwd: Input-Norm vectors (β under OR) decay, Output-Norm vectors don't."""
+    from optim import decays
+    from model.llama import Llama
+    from model.config import Role
+    cfg = load_config(["configs/base.yaml", "configs/scale/unified.yaml"],
+                      ["model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.vocab_size=64"])
+    with torch.device("meta"):
+        roles = Llama(cfg.model).param_roles()
+    mode, alpha = cfg.optim.scale_weight_decay, cfg.optim.scale_wd_alpha
+    assert mode == "iwd"
+    for name, role in roles.items():
+        d = decays(name, role, mode, alpha)
+        if role == Role.SCALE_OUTPUT:
+            assert not d, name
+        elif role == Role.SCALE_INPUT:
+            assert d == name.endswith(".beta"), name
+        else:
+            assert d, name
+    assert decays("layers.0.attn.q_proj.in_scale.alpha", Role.SCALE_INPUT, mode, include_alpha=True)
+
+
+def test_export_hf_from_a_trained_checkpoint(data_dir, tmp_path):
+    """The CLI path: train HG + DP + OR, export the checkpoint, and transformers reproduces our logits."""
+    import transformers
+    from scripts import export_hf
+    argv = args_for(data_dir, tmp_path, "exp", "--config", "configs/scale/hg_dp_or.yaml",
+                    "optim.scale_weight_decay=all")
+    train.main(argv)
+    run = tmp_path / "exp"
+    assert export_hf.main(["--config", str(run / "config.yaml"), "--checkpoint", str(run),
+                           "--out", str(tmp_path / "hf")]) == 0
+    ours = build_model(load_config(run / "config.yaml").model)
+    load_model_weights(ours, run)
+    hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    tokens = torch.randint(0, 320, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        a, b = ours(tokens), hf(tokens).logits
+    assert ((a - b).norm() / a.norm()).item() <= 1e-5

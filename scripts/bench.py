@@ -1,0 +1,120 @@
+"""Training-step speed and memory of scale-vector designs, measured side by side in one process (PAPER.md Table 3).
+
+    python -m scripts.bench                                            # tiny CPU shapes, baseline vs unified
+    python -m scripts.bench --config configs/dense/1b.yaml --presets baseline unified --compile \\
+        --micro-batch 4 --steps 10 --warmup 3                          # Table 3's setting, on a GPU
+
+Each design gets the same random batches; designs are interleaved round by round, so drift in machine load hits all
+of them alike. Prints ms/step, tokens/s, MFU (on known GPUs), peak memory (CUDA) and the ratio to the first design.
+The step is the trainer's: FSDP2-wrapped (one rank) forward + backward + clip + optimizer step.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+import time
+
+import torch
+
+from config import load_config
+
+
+def build(cfg, device: torch.device, compile_blocks: bool):
+    from model.llama import Llama
+    from optim import build_optimizer
+    from runtime.parallel import resolve_dtype, shard_model
+    with torch.device("meta"):
+        model = Llama(cfg.model)
+    roles = model.param_roles()
+    shard_model(model, resolve_dtype(cfg.train.dtype, device))
+    model.to_empty(device=device)
+    model.init_weights(0)
+    if compile_blocks:
+        for block in model.layers:
+            block.compile()
+    return model, build_optimizer(model, roles, cfg.optim, fused=device.type == "cuda")
+
+
+def step_fn(model, optimizer, batch, grad_clip: float):
+    from optim import clip_grad_norm
+    from train import cross_entropy
+    x, y = batch
+    loss = cross_entropy(model(x), y)
+    loss.backward()
+    clip_grad_norm(model.parameters(), grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.item()  # waits for the device
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", action="append", help="model size config (default: configs/tiny_cpu.yaml shapes)")
+    p.add_argument("--presets", nargs="+", default=["baseline", "unified"], help="configs/scale/<name>.yaml")
+    p.add_argument("--micro-batch", type=int, help="sequences per step (default: the config's micro_batch)")
+    p.add_argument("--seq-len", type=int, help="default: the config's data.seq_len")
+    p.add_argument("--vocab-size", type=int, default=None, help="default: the config's, else 8192")
+    p.add_argument("--steps", type=int, default=10, help="timed steps per design")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps per design (compile, allocator)")
+    p.add_argument("--compile", action="store_true", help="torch.compile each block")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("overrides", nargs="*", help="dotted.key=value overrides applied to every design")
+    args = p.parse_args(argv)
+
+    from model.llama import Llama
+    from runtime.dist import init_distributed, shutdown
+    from runtime.metrics import mfu, peak_flops
+    di = init_distributed(args.device)
+    base_paths = args.config or ["configs/tiny_cpu.yaml"]
+    try:
+        runs = []
+        for name in args.presets:
+            cfg = load_config([*base_paths, f"configs/scale/{name}.yaml"], args.overrides)
+            vocab = args.vocab_size or cfg.model.vocab_size or 8192
+            cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab))
+            model, opt = build(cfg, di.device, args.compile)
+            runs.append((name, cfg, model, opt))
+        B = args.micro_batch or runs[0][1].train.micro_batch
+        T = args.seq_len or runs[0][1].data.seq_len
+        gen = torch.Generator().manual_seed(0)
+        V = runs[0][1].model.vocab_size
+        batches = [tuple(torch.randint(0, V, (B, T), generator=gen).to(di.device) for _ in range(2))
+                   for _ in range(args.warmup + args.steps)]
+        times: dict[str, list[float]] = {name: [] for name, *_ in runs}
+        peak_mem: dict[str, float] = {}
+        for i, batch in enumerate(batches):  # interleaved: step i of every design, then step i + 1
+            for name, cfg, model, opt in runs:
+                if di.device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats()
+                t0 = time.perf_counter()
+                step_fn(model, opt, batch, cfg.optim.grad_clip)
+                if i >= args.warmup:
+                    times[name].append(time.perf_counter() - t0)
+                if di.device.type == "cuda":
+                    peak_mem[name] = max(peak_mem.get(name, 0.0), torch.cuda.max_memory_allocated() / 2**20)
+        peak = peak_flops(di.device)
+        dev = torch.cuda.get_device_name(di.device) if di.device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+        print(f"device {dev} | torch {torch.__version__} | batch {B}×{T} | vocab {V} | compile {args.compile} | "
+              f"dtype {runs[0][1].train.dtype} | {args.steps} timed steps after {args.warmup}")
+        print(f"{'design':<12}{'params':>14}{'ms/step':>10}{'± sd':>8}{'tok/s':>10}{'MFU':>7}{'mem MiB':>10}{'ratio':>7}")
+        ref = None
+        for name, cfg, model, _ in runs:
+            ms = 1000 * statistics.median(times[name])
+            sd = 1000 * statistics.stdev(times[name]) if len(times[name]) > 1 else 0.0
+            tok_s = B * T / (ms / 1000)
+            with torch.device("meta"):
+                flops = Llama(cfg.model).flops_per_token(T)
+            u = mfu(flops, tok_s, 1, peak)
+            ref = ref or ms
+            mem = f"{peak_mem[name]:.0f}" if name in peak_mem else "-"
+            print(f"{name:<12}{model.num_params():>14,}{ms:>10.1f}{sd:>8.1f}{tok_s:>10.0f}"
+                  f"{(f'{100 * u:.1f}%' if u else '-'):>7}{mem:>10}{ms / ref:>7.3f}")
+    finally:
+        shutdown(di)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""Generate text from a run's newest checkpoint.
+
+    python -m scripts.sample --run runs/tiny_cpu --prompt "ROMEO:" --max-new-tokens 200
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from config import ConfigError, load_config
+from data.tokenizer import load_tokenizer
+from model.llama import Llama, build_model
+from runtime.checkpoint import load_model_weights
+
+
+@torch.no_grad()
+def generate(model: Llama, prompt: list[int], max_new_tokens: int, context: int, temperature: float = 1.0,
+             top_k: int | None = None, generator: torch.Generator | None = None) -> list[int]:
+    """Sample token by token (no KV cache: the models here are small); the context is cropped to `context`."""
+    model.eval()
+    tokens = torch.tensor([prompt], dtype=torch.long)
+    for _ in range(max_new_tokens):
+        logits = model(tokens[:, -context:])[0, -1].float()  # (V,)
+        if temperature <= 0:
+            nxt = logits.argmax()
+        else:
+            logits = logits / temperature
+            if top_k is not None:
+                kth = torch.topk(logits, min(top_k, logits.numel())).values[-1]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            nxt = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)[0]
+        tokens = torch.cat([tokens, nxt.view(1, 1)], dim=1)
+    return tokens[0, len(prompt):].tolist()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", required=True, type=Path, help="a run directory (config.yaml + checkpoints/)")
+    p.add_argument("--checkpoint", type=Path, help="a specific checkpoint dir (default: the run's newest)")
+    p.add_argument("--prompt", default="", help="text to continue (default: start of a document)")
+    p.add_argument("--max-new-tokens", type=int, default=200)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=50)
+    p.add_argument("--num-samples", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    try:
+        cfg = load_config(args.run / "config.yaml")
+    except ConfigError as e:
+        print(f"error: {args.run} has no usable config.yaml ({e})", file=sys.stderr)
+        return 2
+    tok = load_tokenizer(cfg.data.tokenizer, cfg.data.dir)
+    model = build_model(cfg.model)  # the saved config is resolved: vocab_size is set
+    load_model_weights(model, args.checkpoint or args.run)
+    prompt = [tok.eot] + tok.encode(args.prompt)  # documents start with EOT in the prepared data
+    gen = torch.Generator().manual_seed(args.seed)
+    for i in range(args.num_samples):
+        out = generate(model, prompt, args.max_new_tokens, cfg.data.seq_len, args.temperature, args.top_k, gen)
+        if i:
+            print("\n" + "-" * 60)
+        print(args.prompt + tok.decode(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
