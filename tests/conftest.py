@@ -9,12 +9,30 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
 
-SHARED = Path(os.environ.get("SCALEVEC_SHARED_DIR") or Path(__file__).resolve().parents[1].parent / "shared")
+def _find_shared() -> Path:
+    """$SCALEVEC_SHARED_DIR, else shared/ beside the repo, else shared/ beside the checkout this one was cloned from
+    (a scratch clone such as `git clone . /tmp/x` still finds the project's data)."""
+    if os.environ.get("SCALEVEC_SHARED_DIR"):
+        return Path(os.environ["SCALEVEC_SHARED_DIR"])
+    repo = Path(__file__).resolve().parents[1]
+    candidates = [repo.parent / "shared"]
+    try:
+        origin = subprocess.run(["git", "-C", str(repo), "remote", "get-url", "origin"], capture_output=True,
+                                text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        origin = ""
+    if origin and "://" not in origin and not origin.startswith("git@") and Path(origin).is_dir():
+        candidates.append(Path(origin).resolve().parent / "shared")
+    return next((c for c in candidates if c.is_dir()), candidates[0])
+
+
+SHARED = _find_shared()
 _CACHE: list[str] = []
 
 

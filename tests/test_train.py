@@ -18,14 +18,11 @@ from data.prepare import prepare
 from model.llama import build_model
 from runtime.checkpoint import latest_checkpoint, load_model_weights
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-
-
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> DataConfig:
+def data_dir(tmp_path_factory, shared_dir) -> DataConfig:
     """A tiny prepared corpus: 24 documents cut from tinyshakespeare, a 320-token trained BPE."""
     root = tmp_path_factory.mktemp("train_data")
-    text = (SHARED / "data/tinyshakespeare/input.txt").read_text()[:240_000]
+    text = (shared_dir / "data/tinyshakespeare/input.txt").read_text()[:240_000]
     docs = root / "docs"
     docs.mkdir()
     for i in range(24):
