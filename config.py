@@ -7,7 +7,10 @@ violated invariant names the dotted key — one `ConfigError`, never a traceback
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import difflib
+import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -52,6 +55,8 @@ class OptimConfig:
     # no_input | no_output (= iwd). Every other parameter decays by `weight_decay`.
     scale_weight_decay: WeightDecayMode = "all"
     # Under OR/ER a decayed vector decays its scalar β; set true to decay α as well (PAPER.md §1.7 leaves it open).
+    # Note: under OR, β → 0 pulls γ = β·Norm(α) toward 0 like direct decay; under ER, β → 0 pulls the scale e^β
+    # toward 1, so ER's "decay" is a pull toward γ = 1, not toward 0.
     scale_wd_alpha: bool = False
     grad_clip: float = 1.0  # global gradient-norm clip; 0 disables
     muon: MuonConfig = field(default_factory=MuonConfig)
@@ -81,6 +86,9 @@ class TrainConfig:
     dtype: Literal["auto", "float32", "bfloat16", "float64"] = "auto"
     on_nonfinite: Literal["stop"] = "stop"  # a NaN/inf loss or grad norm stops the run before any checkpoint
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    # On CPU, keep freed activations in glibc's heap instead of unmapping them every step (runtime/cpu.py): the
+    # same numbers, fewer page faults. Off: the allocator's defaults.
+    cpu_malloc_tuning: bool = True
 
 
 @dataclass
@@ -118,12 +126,20 @@ class RunConfig:
         if t.micro_batch > 0 and t.global_batch % t.micro_batch:
             bad.append(("train.global_batch", f"{t.global_batch} is not a multiple of micro_batch={t.micro_batch}"))
         o, s = self.optim, self.schedule
-        if o.lr <= 0:
-            bad.append(("optim.lr", "must be positive"))
+        if not (math.isfinite(o.lr) and o.lr > 0):
+            bad.append(("optim.lr", f"{o.lr} must be a positive finite number"))
         if o.weight_decay < 0 or o.grad_clip < 0:
             bad.append(("optim.weight_decay", "weight_decay and grad_clip must be ≥ 0"))
         if not all(0 <= b < 1 for b in o.betas):
             bad.append(("optim.betas", f"{o.betas} must lie in [0, 1)"))
+        if not 0 <= o.muon.momentum < 1:
+            bad.append(("optim.muon.momentum", f"{o.muon.momentum} must lie in [0, 1)"))
+        if not 0 < o.muon.ns_steps < 100:
+            bad.append(("optim.muon.ns_steps", f"{o.muon.ns_steps} must lie in [1, 99]"))
+        names = [Path(p).name for p in self.data.val_sets]
+        if "val" in names or len(set(names)) != len(names):
+            bad.append(("data.val_sets", f"folder names {names} must be unique and not 'val' (they name the "
+                                         "val_loss/<name> metrics)"))
         if not 0 <= s.warmup_steps < t.steps:
             bad.append(("schedule.warmup_steps", f"{s.warmup_steps} must lie in [0, train.steps={t.steps})"))
         if not 0 <= s.min_lr_ratio <= 1:
@@ -157,11 +173,49 @@ def resolve_vocab(cfg: RunConfig, n_vocab: Optional[int] = None) -> ModelConfig:
             raise ConfigError(f"model.vocab_size: {cfg.model.vocab_size} is smaller than the tokenizer's {n_vocab} "
                               f"tokens ({cfg.data.tokenizer!r}); set it to null to derive it")
         return cfg.model
+    trained = re.fullmatch(r"bpe:(\d+)", cfg.data.tokenizer)
+    if n_vocab is None and trained:  # a trained BPE's size is in its spec: no need for the prepared data
+        n_vocab = int(trained.group(1))
     if n_vocab is None:
-        from data.tokenizer import load_tokenizer  # lazy: reading ranks is slow and may need the prepared data dir
+        from data.tokenizer import load_tokenizer  # lazy: reading ranks is slow
         n_vocab = load_tokenizer(cfg.data.tokenizer, cfg.data.dir).n_vocab
     m = cfg.model.vocab_multiple
     return dataclasses.replace(cfg.model, vocab_size=-(-n_vocab // m) * m)
+
+
+# Keys a resumed run may change: where and how often it logs, evaluates and checkpoints, and how it runs.
+RESUMABLE_CHANGES = ("log.", "train.eval_every", "train.eval_tokens", "train.ckpt_every", "train.keep_ckpts",
+                     "train.compile", "train.cpu_malloc_tuning", "data.val_sets")
+
+
+def resume_conflicts(saved_yaml: str, cfg: RunConfig) -> list[str]:
+    """Dotted keys whose value differs between a checkpoint's config and `cfg`, other than RESUMABLE_CHANGES:
+    resuming across such a change would silently continue a different experiment."""
+    saved = _flat(yaml.safe_load(saved_yaml))
+    current = _flat(cfg.to_dict())
+    keys = sorted(set(saved) | set(current))
+    return [f"{k}: {saved.get(k)!r} in the checkpoint, {current.get(k)!r} now" for k in keys
+            if saved.get(k) != current.get(k) and not k.startswith(RESUMABLE_CHANGES)]
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def default_run_name(config_paths: list, overrides: list[str]) -> str:
+    """`0.12b+hg_dp` for `--config dense/0.12b.yaml --config scale/hg_dp.yaml`, plus a short hash of the overrides
+    (other than log.*), so runs that differ in settings never share a run directory by accident."""
+    name = "+".join(Path(p).stem for p in config_paths)
+    relevant = sorted(o for o in overrides if not o.startswith("log."))
+    if relevant:
+        name += "-" + hashlib.sha1(" ".join(relevant).encode()).hexdigest()[:6]
+    return name
 
 
 # ----------------------------------------------------------------------------------------------------- loading

@@ -19,8 +19,9 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.fsdp import FSDPModule
 
-from config import ConfigError, RunConfig, load_config, resolve_vocab
+from config import ConfigError, RunConfig, default_run_name, load_config, resolve_vocab, resume_conflicts
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "tiny_cpu.yaml"
 
@@ -50,26 +51,38 @@ def main(argv: Optional[list[str]] = None) -> dict:
     if args.print_config:
         print(cfg.to_yaml(), end="")
         return {}
-    run_name = cfg.log.run_name or Path(config_paths[-1]).stem
+    if args.dry_run:  # the model only: no data, no process group
+        from model.llama import Llama
+        from scripts.inspect_model import print_breakdown
+        with torch.device("meta"):
+            print_breakdown(Llama(resolve_vocab(cfg)), cfg.data.seq_len)
+        return {}
+    run_name = cfg.log.run_name or default_run_name(config_paths, args.overrides)
     cfg = dataclasses.replace(cfg, log=dataclasses.replace(cfg.log, run_name=run_name))
 
     # ---- distributed: nccl on CUDA, gloo on CPU; a one-rank group for a plain `python train.py`
     from runtime.dist import init_distributed, shutdown
     dist_info = init_distributed(cfg.train.device)
+    if dist_info.device.type == "cpu" and cfg.train.cpu_malloc_tuning:
+        from runtime.cpu import tune_glibc_malloc
+        tune_glibc_malloc()
+    clean = False
     try:
-        return _train(cfg, args.dry_run, args.stop_at_step, dist_info)
+        result = _train(cfg, args.stop_at_step, dist_info)
+        clean = True
+        return result
     finally:
-        shutdown(dist_info)
+        shutdown(dist_info, clean=clean)
 
 
-def _train(cfg: RunConfig, dry_run: bool, stop_at_step: Optional[int], di) -> dict:
+def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
     import torch.distributed as dist
 
     from data.loader import TrainLoader, read_meta, val_batches
     from data.prepare import ensure_prepared
     from model.llama import Llama
     from optim import build_optimizer, clip_grad_norm, lr_at, set_lr
-    from runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+    from runtime.checkpoint import latest_checkpoint, load_checkpoint, load_extra, save_checkpoint
     from runtime.logging import RunLogger, git_commit
     from runtime.metrics import mfu, peak_flops
     from runtime.parallel import resolve_dtype, shard_model
@@ -78,10 +91,16 @@ def _train(cfg: RunConfig, dry_run: bool, stop_at_step: Optional[int], di) -> di
     t = cfg.train
     torch.manual_seed(t.seed)
 
-    # ---- data: rank 0 prepares (the built-in corpus on first use), everyone reads meta.json
+    # ---- data: rank 0 prepares (the built-in corpus on first use) and tells the others how it went
+    problem = [None]
     if di.is_main:
-        ensure_prepared(cfg.data)
-    dist.barrier()
+        try:
+            ensure_prepared(cfg.data)
+        except Exception as e:  # every rank raises it below, so none waits forever in a collective
+            problem = [e]
+    dist.broadcast_object_list(problem, src=0)
+    if problem[0] is not None:
+        raise problem[0]
     meta = read_meta(cfg.data.dir)
     cfg = dataclasses.replace(cfg, model=resolve_vocab(cfg, n_vocab=meta["n_vocab"]))
 
@@ -97,13 +116,8 @@ def _train(cfg: RunConfig, dry_run: bool, stop_at_step: Optional[int], di) -> di
     with torch.device("meta"):
         model = Llama(cfg.model)
     roles = model.param_roles()
-    if dry_run:
-        if di.is_main:
-            from scripts.inspect_model import print_breakdown
-            print_breakdown(model, cfg.data.seq_len)
-        return {}
     compute_dtype = resolve_dtype(t.dtype, di.device)
-    shard_model(model, compute_dtype)
+    shard_model(model, compute_dtype, di.device)
     model.to_empty(device=di.device)
     model.init_weights(t.seed)
     if t.compile:
@@ -118,6 +132,10 @@ def _train(cfg: RunConfig, dry_run: bool, stop_at_step: Optional[int], di) -> di
     step, tokens, loss_value = 0, 0, None
     latest = latest_checkpoint(ckpt_dir)
     if latest is not None:
+        conflicts = resume_conflicts(load_extra(latest)["config"], cfg)
+        if conflicts:
+            raise ConfigError(f"{run_dir} holds a run with other settings ({'; '.join(conflicts[:5])}); resuming "
+                              "would mix two experiments. Use another log.run_name, or the original settings.")
         extra = load_checkpoint(latest, model, optimizer)
         step, tokens = extra["step"], extra["tokens"]
         loader.load_state_dict(extra["loader"])
@@ -127,7 +145,7 @@ def _train(cfg: RunConfig, dry_run: bool, stop_at_step: Optional[int], di) -> di
     logger = RunLogger(run_dir, cfg, di.rank, t.steps, start_step=step)
     flops_per_token = model.flops_per_token(cfg.data.seq_len)
     peak = peak_flops(di.device)
-    val_sets = {"val": cfg.data.dir, **{Path(p).name: p for p in cfg.data.val_sets}}
+    val_sets = {"val": cfg.data.dir, **{Path(p).name: p for p in cfg.data.val_sets}}  # names checked unique
 
     def evaluate() -> dict:
         """Mean loss over the first eval_tokens of each validation stream (the same tokens in every run)."""
@@ -144,6 +162,11 @@ def _train(cfg: RunConfig, dry_run: bool, stop_at_step: Optional[int], di) -> di
                 dist.all_reduce(total)
                 key = "val_loss" if name == "val" else f"val_loss/{name}"
                 out[key] = (total[0] / total[1].clamp_min(1)).item()
+        # No backward follows, so FSDP2 would keep the root (and the last block) gathered in the compute dtype:
+        # free those copies before a checkpoint or telemetry reads the parameters.
+        for m in model.modules():
+            if isinstance(m, FSDPModule):
+                m.reshard()
         model.train()
         return out
 
@@ -155,14 +178,18 @@ def _train(cfg: RunConfig, dry_run: bool, stop_at_step: Optional[int], di) -> di
     # ---- a SIGTERM/SIGINT finishes the current step, checkpoints and exits (preemption loses nothing)
     stop = {"requested": False}
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    def request_stop(signum, _frame):
+        stop.update(requested=True)
+        signal.signal(signum, previous[signum])  # a second Ctrl-C/SIGTERM acts at once, as usual
+
     if _main_thread():
         for s in previous:
-            signal.signal(s, lambda *_: stop.update(requested=True))
+            signal.signal(s, request_stop)
 
     failed = False
     try:
         if step == 0:
-            logger.log_eval(0, {"tokens": 0, **evaluate(), **scale_telemetry(model)})
+            logger.log_eval(0, {"tokens": 0, **scale_telemetry(model), **evaluate()})
         window_t0, window_tokens = time.perf_counter(), 0
         while step < t.steps:
             # One optimizer step over the global batch, accumulated over `accum` micro-batches per rank.
@@ -201,7 +228,7 @@ def _train(cfg: RunConfig, dry_run: bool, stop_at_step: Optional[int], di) -> di
                 window_t0, window_tokens = time.perf_counter(), 0
             paused_at = time.perf_counter()  # eval and checkpoint time stays out of tok/s
             if step % t.eval_every == 0 or step == t.steps:
-                logger.log_eval(step, {"tokens": tokens, **evaluate(), **scale_telemetry(model)})
+                logger.log_eval(step, {"tokens": tokens, **scale_telemetry(model), **evaluate()})
             stopping = shared[1].item() > 0 or step == stop_at_step
             if step % t.ckpt_every == 0 or step == t.steps or stopping:
                 checkpoint()
@@ -242,9 +269,19 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Errors that mean bad input or a stopped run, each with a message that says what to do: no traceback."""
+    from data.builtin import BuiltinCorpusError
+    from data.shards import DataError
+    from data.sources import SourceError
+    from data.tokenizer import TokenizerError
+    from runtime.checkpoint import CheckpointError
+    return ConfigError, NonFiniteError, DataError, SourceError, TokenizerError, BuiltinCorpusError, CheckpointError
+
+
 if __name__ == "__main__":
     try:
         main()
-    except (ConfigError, NonFiniteError) as e:
+    except _user_errors() as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import math
 import zlib
+from dataclasses import replace
 from typing import Iterator, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor, distribute_tensor
 
-from model.config import ModelConfig, Role
+from model.config import ModelConfig, Role, ScaleConfig
 from model.rope import apply_rope, rope_tables
 from model.scaling import Norm, ScaledLinear, ScaleVector, extra_norm, group_layout
 
@@ -204,8 +206,6 @@ class Llama(nn.Module):
 
 def plain_config(cfg: ModelConfig) -> ModelConfig:
     """The plain Llama that `folded_state_dict` fills: same sizes, one direct γ per norm, nothing else."""
-    from dataclasses import replace
-    from model.config import ScaleConfig
     return replace(cfg, scale=ScaleConfig(), gemma_norms=False)
 
 
@@ -215,9 +215,9 @@ def _dtype(model: nn.Module) -> torch.dtype:
 
 def _copy_full(p: torch.Tensor, full: torch.Tensor) -> None:
     """Copy a full-size tensor into p, taking only the local shard when p is an FSDP2 DTensor."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
     if isinstance(p, DTensor):
-        p.copy_(distribute_tensor(full.to(p.dtype), p.device_mesh, p.placements))
+        # Every rank drew the same full tensor, so each slices its own shard: no communication.
+        p.copy_(distribute_tensor(full.to(p.dtype), p.device_mesh, p.placements, src_data_rank=None))
     else:
         p.copy_(full)
 

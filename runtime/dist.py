@@ -45,12 +45,14 @@ def init_distributed(device_pref: str = "auto") -> DistInfo:
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, device, owns_group=True)
 
 
-def shutdown(info: DistInfo) -> None:
-    """Tear down cleanly. gc + barrier before destroy avoids the FSDP2 exit-time abort (DESIGN.md trap 1)."""
+def shutdown(info: DistInfo, clean: bool = True) -> None:
+    """Tear down. After a clean run, gc + barrier before destroy avoids the FSDP2 exit-time abort (DESIGN.md trap
+    1). After an error there is no barrier: the other ranks may be stuck elsewhere, and waiting would hang."""
     if not info.owns_group or not dist.is_initialized():
         return
     gc.collect()
-    dist.barrier()
+    if clean:
+        dist.barrier()
     dist.destroy_process_group()
 
 

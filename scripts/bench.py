@@ -28,13 +28,26 @@ def build(cfg, device: torch.device, compile_blocks: bool):
     with torch.device("meta"):
         model = Llama(cfg.model)
     roles = model.param_roles()
-    shard_model(model, resolve_dtype(cfg.train.dtype, device))
+    shard_model(model, resolve_dtype(cfg.train.dtype, device), device)
     model.to_empty(device=device)
     model.init_weights(0)
     if compile_blocks:
         for block in model.layers:
             block.compile()
     return model, build_optimizer(model, roles, cfg.optim, fused=device.type == "cuda")
+
+
+def resident_bytes(model, optimizer) -> int:
+    """Bytes a design holds between steps: its parameters and optimizer state (local shards)."""
+    from torch.distributed.tensor import DTensor
+
+    def nbytes(t):
+        t = t.to_local() if isinstance(t, DTensor) else t
+        return t.numel() * t.element_size()
+    total = sum(nbytes(p) for p in model.parameters())
+    for state in optimizer.state.values():
+        total += sum(nbytes(v) for v in state.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
+    return total
 
 
 def step_fn(model, optimizer, batch, grad_clip: float):
@@ -60,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per design (compile, allocator)")
     p.add_argument("--compile", action="store_true", help="torch.compile each block")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--no-malloc-tuning", action="store_true", help="CPU: keep glibc's default allocator policy")
     p.add_argument("overrides", nargs="*", help="dotted.key=value overrides applied to every design")
     args = p.parse_args(argv)
 
@@ -67,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     from runtime.dist import init_distributed, shutdown
     from runtime.metrics import mfu, peak_flops
     di = init_distributed(args.device)
+    if di.device.type == "cpu" and not args.no_malloc_tuning:
+        from runtime.cpu import tune_glibc_malloc
+        tune_glibc_malloc()
     base_paths = args.config or ["configs/tiny_cpu.yaml"]
     try:
         runs = []
@@ -88,12 +105,14 @@ def main(argv: list[str] | None = None) -> int:
             for name, cfg, model, opt in runs:
                 if di.device.type == "cuda":
                     torch.cuda.reset_peak_memory_stats()
+                    others = torch.cuda.memory_allocated() - resident_bytes(model, opt)
                 t0 = time.perf_counter()
                 step_fn(model, opt, batch, cfg.optim.grad_clip)
                 if i >= args.warmup:
                     times[name].append(time.perf_counter() - t0)
-                if di.device.type == "cuda":
-                    peak_mem[name] = max(peak_mem.get(name, 0.0), torch.cuda.max_memory_allocated() / 2**20)
+                if di.device.type == "cuda":  # this design's peak: the process peak minus what the others hold
+                    mine = (torch.cuda.max_memory_allocated() - others) / 2**20
+                    peak_mem[name] = max(peak_mem.get(name, 0.0), mine)
         peak = peak_flops(di.device)
         dev = torch.cuda.get_device_name(di.device) if di.device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
         print(f"device {dev} | torch {torch.__version__} | batch {B}×{T} | vocab {V} | compile {args.compile} | "
