@@ -105,6 +105,20 @@ def test_run_dir_contract(data_dir, tmp_path):
     assert latest_checkpoint(run / "checkpoints").name.endswith("6")
 
 
+def test_extra_eval_set_is_logged(data_dir, tmp_path, shared_dir):
+    """An eval-only set (WikiText-2 test, tokenized like the training data) becomes val_loss/<folder name>."""
+    wiki = tmp_path / "wikitext2"
+    eval_cfg = DataConfig(source=str(shared_dir / "data/wikitext-2-raw-test/wiki.test.raw"), dir=str(wiki),
+                          txt_document="paragraph")
+    prepare(eval_cfg, eval_only=True, like=data_dir.dir, progress=False)
+    train.main(args_for(data_dir, tmp_path, "extra", f"data.val_sets=[{wiki}]", "train.steps=3",
+                        "schedule.warmup_steps=1"))
+    evals = records(tmp_path / "extra", "eval")
+    assert all("val_loss/wikitext2" in r and "val_loss" in r for r in evals)
+    assert evals[-1]["val_loss/wikitext2"] < evals[0]["val_loss/wikitext2"]
+    assert evals[0]["val_loss/wikitext2"] != evals[0]["val_loss"]
+
+
 def test_gradient_accumulation_matches_one_batch(data_dir, tmp_path):
     # float64, so that what is compared is the accumulation arithmetic, not fp32 summation order
     argv_a = args_for(data_dir, tmp_path, "accum", "train.micro_batch=2", "train.dtype=float64")  # 4 × 2
