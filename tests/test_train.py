@@ -289,3 +289,27 @@ def test_export_hf_from_a_trained_checkpoint(data_dir, tmp_path):
     with torch.no_grad():
         a, b = ours(tokens), hf(tokens).logits
     assert ((a - b).norm() / a.norm()).item() <= 1e-5
+
+
+def test_sigterm_checkpoints_and_resumes(data_dir, tmp_path):
+    """SIGTERM (preemption) finishes the current step, checkpoints it and exits 0; the same command resumes."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    argv = args_for(data_dir, tmp_path, "term", "train.steps=400", "train.eval_every=1000", "train.ckpt_every=1000")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "train.py", *argv], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    metrics = tmp_path / "term" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and len(records(tmp_path / "term", "train")) >= 2):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    stopped = records(tmp_path / "term", "train")[-1]["step"]
+    assert 2 <= stopped < 400 and f"checkpointed step {stopped}" in out
+    assert latest_checkpoint(tmp_path / "term" / "checkpoints").name == f"step_{stopped:08d}"
+    summary = train.main([*argv, "--stop-at-step", str(stopped + 1)])  # the same command continues
+    assert summary["step"] == stopped + 1
