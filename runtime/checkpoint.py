@@ -39,6 +39,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from runtime.files import atomic_write, fsync_dir
+
 MARKER = "COMPLETE"
 EXTRA_FILE = "extra.pt"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -110,9 +112,9 @@ def save_checkpoint(ckpt_dir: Path, step: int, model: nn.Module, optimizer: Opti
         state["optim"] = get_optimizer_state_dict(model, optimizer)
     with _single_process_quiet(d):
         dcp.save(state, checkpoint_id=tmp, no_dist=not d.active)  # FileSystemWriter fsyncs its files
-    _atomic_write(tmp / f"rng_rank{d.rank}.pt", _to_bytes(_rng_state()))
+    atomic_write(tmp / f"rng_rank{d.rank}.pt", _to_bytes(_rng_state()))
     if d.rank == 0:
-        _atomic_write(tmp / EXTRA_FILE, extra_bytes)
+        atomic_write(tmp / EXTRA_FILE, extra_bytes)
     _barrier(d)  # every rank's shards and RNG file are on disk before rank 0 declares the checkpoint whole
 
     if d.rank == 0:
@@ -123,9 +125,9 @@ def save_checkpoint(ckpt_dir: Path, step: int, model: nn.Module, optimizer: Opti
             os.replace(final, old)
             _remove(old)
         os.replace(tmp, final)
-        _fsync_dir(ckpt_dir)
+        fsync_dir(ckpt_dir)
         marker = {"step": step, "world_size": d.world, "torch": torch.__version__}
-        _atomic_write(final / MARKER, json.dumps(marker).encode())
+        atomic_write(final / MARKER, json.dumps(marker).encode())
         _prune(ckpt_dir, keep, just_written=final)
     _barrier(d)  # no rank returns (and maybe loads or exits) before the checkpoint is complete
     return final
@@ -149,29 +151,6 @@ def _remove(path: Path) -> None:
     # Drop the marker first: a delete interrupted halfway must leave a dir that no longer looks complete.
     (path / MARKER).unlink(missing_ok=True)
     shutil.rmtree(path, ignore_errors=True)
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".partial")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # some filesystems (and Windows) do not open directories; the rename is still atomic
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _to_bytes(obj: Any) -> bytes:

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 from urllib.parse import urlparse
 
+from runtime.files import atomic_write
+
 if TYPE_CHECKING:  # only the type: the logger needs cfg.to_yaml(), cfg.to_dict() and cfg.log
     from config import RunConfig
 
@@ -83,20 +85,11 @@ def wandb_run_id(run_dir: Path) -> str:
     if path.is_file() and path.read_text().strip():
         return path.read_text().strip()
     run_id = secrets.token_hex(4)  # wandb ids: [a-z0-9], unique per project
-    _atomic_write_text(path, run_id + "\n")
+    atomic_write(path, run_id + "\n")
     return run_id
 
 
 # ----------------------------------------------------------------------------------------------------- helpers
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".partial")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _plain(value: Any) -> Any:
@@ -143,7 +136,7 @@ def truncate_metrics(path: Path, start_step: int) -> int:
         else:
             dropped += 1 if line.strip() else 0
     if dropped:
-        _atomic_write_text(path, "".join(line + "\n" for line in kept))
+        atomic_write(path, "".join(line + "\n" for line in kept))
     return dropped
 
 
@@ -186,10 +179,10 @@ class RunLogger:
         if not self.active:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        _atomic_write_text(self.run_dir / "config.yaml", cfg.to_yaml())
+        atomic_write(self.run_dir / "config.yaml", cfg.to_yaml())
         commit, dirty = git_commit(), _git_dirty()
         self.commit = commit
-        _atomic_write_text(self.run_dir / "git.txt", f"commit: {commit}\ndirty: {dirty}\n")
+        atomic_write(self.run_dir / "git.txt", f"commit: {commit}\ndirty: {dirty}\n")
         metrics = self.run_dir / METRICS_FILE
         dropped = truncate_metrics(metrics, start_step)
         if dropped:

@@ -165,7 +165,7 @@ def test_a_crash_mid_save_never_looks_complete(tmp_path: Path, monkeypatch: pyte
     def boom(*a, **k):
         raise KeyboardInterrupt("killed")
 
-    real_write, real_replace = ck._atomic_write, ck.os.replace
+    real_write, real_replace = ck.atomic_write, ck.os.replace
     if crash_at == "dcp":
         monkeypatch.setattr(ck.dcp, "save", boom)
     elif crash_at == "rename":  # the tmp dir → step dir rename; file renames inside still work
@@ -173,7 +173,7 @@ def test_a_crash_mid_save_never_looks_complete(tmp_path: Path, monkeypatch: pyte
                             else real_replace(src, dst))
     else:
         name = {"rng": "rng_rank0.pt", "extra": "extra.pt", "marker": MARKER}[crash_at]
-        monkeypatch.setattr(ck, "_atomic_write", lambda path, data: boom() if path.name == name
+        monkeypatch.setattr(ck, "atomic_write", lambda path, data: boom() if path.name == name
                             else real_write(path, data))
     with pytest.raises(KeyboardInterrupt):
         _save(tmp_path, 2)
