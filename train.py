@@ -178,6 +178,7 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
     # ---- a SIGTERM/SIGINT finishes the current step, checkpoints and exits (preemption loses nothing)
     stop = {"requested": False}
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
     def request_stop(signum, _frame):
         stop.update(requested=True)
         signal.signal(signum, previous[signum])  # a second Ctrl-C/SIGTERM acts at once, as usual
