@@ -7,7 +7,7 @@ Layout of one checkpoint (`<run>/checkpoints/step_00001000/`):
     rng_rank<r>.pt                 rank r's RNG states (torch CPU, CUDA, python `random`, numpy)
     COMPLETE                       JSON {step, world_size, torch}; written LAST, so its presence means "whole"
 
-A save writes everything into `.tmp-step_XXXXXXXX`, renames it to `step_XXXXXXXX` and only then writes the
+A save writes everything into `.tmp-step_<8-digit step>`, renames it to `step_<8-digit step>` and only then writes the
 marker: a crash at any point leaves either a tmp dir or a dir without the marker, both ignored by
 `latest_checkpoint` and removed by the next save's pruning.
 """
