@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import gc
 import os
-import socket
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
 from runtime.checkpoint import latest_checkpoint, load_checkpoint, load_model_weights, save_checkpoint
+from multiproc import free_port, spawn
 
 VOCAB, D, WORLD = 37, 16, 2  # odd vocab: the embedding / head rows shard unevenly (19 + 18)
 
@@ -101,17 +100,11 @@ def _worker(rank: int, port: int, run_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def two_rank_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert dist.is_available(), "this torch build lacks torch.distributed, which training needs"
     run_dir = tmp_path_factory.mktemp("fsdp_run")
-    mp.spawn(_worker, args=(_free_port(), str(run_dir)), nprocs=WORLD, join=True)
+    spawn(_worker, (free_port(), str(run_dir)), nprocs=WORLD)
     return run_dir
 
 

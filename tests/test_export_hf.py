@@ -1,5 +1,4 @@
 """Our Llama equals transformers' LlamaForCausalLM on the exported directory (MHA and GQA, folded designs too)."""
-from dataclasses import replace
 
 import pytest
 import torch

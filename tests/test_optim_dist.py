@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import datetime
 import gc
-import socket
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
@@ -24,14 +22,9 @@ from config import OptimConfig, ScheduleConfig
 from model.config import Role
 from optim import build_optimizer, clip_grad_norm, lr_at, set_lr
 from optim.muon import Muon, zeropower_via_newtonschulz
+from multiproc import free_port, spawn
 
 WORLD = 2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _entry(rank: int, port: int, fn, args: tuple) -> None:
@@ -49,7 +42,7 @@ def _entry(rank: int, port: int, fn, args: tuple) -> None:
 
 
 def _spawn(fn, *args) -> None:
-    mp.spawn(_entry, args=(_free_port(), fn, args), nprocs=WORLD, join=True)
+    spawn(_entry, (free_port(), fn, args), nprocs=WORLD)
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:

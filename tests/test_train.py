@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 import train
 from config import ConfigError, load_config, resolve_vocab
@@ -17,6 +15,7 @@ from data.config import DataConfig
 from data.prepare import prepare
 from model.llama import build_model
 from runtime.checkpoint import latest_checkpoint, load_model_weights
+from multiproc import free_port, spawn
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory, shared_dir) -> DataConfig:
@@ -59,27 +58,23 @@ def final_params(run_dir: Path, argv: list[str]) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank: int, world: int, port: int, runs: list[list[str]]) -> None:
+def _worker(rank: int, world: int, ports: list[int], runs: list[list[str]]) -> None:
     torch.set_num_threads(1)
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
-    for argv in runs:  # e.g. a stopped run, then the same command again
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1")
+    for port, argv in zip(ports, runs):  # e.g. a stopped run, then the same command again
+        # A fresh port per run: the first run's rendezvous store may outlive its process group for a moment,
+        # and a second group meeting on the same port could read its stale keys and hang.
+        os.environ["MASTER_PORT"] = str(port)
         train.main(argv)
 
 
 def run_ranks(world: int, *runs: list[str]) -> None:
-    mp.spawn(_worker, args=(world, _free_port(), list(runs)), nprocs=world, join=True)
+    spawn(_worker, (world, [free_port() for _ in runs], list(runs)), nprocs=world)
 
 
 def _error_worker(rank: int, world: int, port: int, argv: list[str], out: Path) -> None:
     try:
-        _worker(rank, world, port, [argv])
+        _worker(rank, world, [port], [argv])
     except Exception as e:  # noqa: BLE001 - recorded for the test to inspect
         (out / f"rank{rank}.txt").write_text(f"{type(e).__name__}: {e}")
 
@@ -168,7 +163,7 @@ def test_rank0_data_error_reaches_every_rank(tmp_path):
     """A data problem found by rank 0 is raised on every rank with the same message: nobody hangs."""
     argv = ["--config", "configs/tiny_cpu.yaml", f"data.dir={tmp_path / 'missing'}", f"data.source={tmp_path}/x.txt",
             "log.wandb.mode=disabled", f"log.out_dir={tmp_path}", "train.device=cpu"]
-    mp.spawn(_error_worker, args=(2, _free_port(), argv, tmp_path), nprocs=2, join=True)
+    spawn(_error_worker, (2, free_port(), argv, tmp_path), nprocs=2)
     messages = [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)]
     assert messages[0] == messages[1] and messages[0].startswith("SourceError: source") and "x.txt" in messages[0]
 
