@@ -85,6 +85,7 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
     from runtime.checkpoint import latest_checkpoint, load_checkpoint, load_extra, save_checkpoint
     from runtime.logging import RunLogger, git_commit
     from runtime.metrics import mfu, peak_flops
+    from runtime.moe import moe_step_end
     from runtime.parallel import resolve_dtype, shard_model
     from runtime.telemetry import scale_telemetry
 
@@ -196,26 +197,30 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
             # One optimizer step over the global batch, accumulated over `accum` micro-batches per rank.
             lr = lr_at(step, t.steps, cfg.optim.lr, cfg.schedule)
             set_lr(optimizer, lr)
-            loss_sum = torch.zeros((), device=di.device, dtype=torch.float32)
+            sums = torch.zeros(2, device=di.device, dtype=torch.float32)  # (LM loss, MoE aux terms) over the step
             for _ in range(accum):
                 x, y = loader.next_batch()  # (micro, seq_len) int64 each
                 x, y = x.to(di.device, non_blocking=True), y.to(di.device, non_blocking=True)
-                loss = cross_entropy(model(x), y) / accum  # every micro-batch has the same token count
-                loss.backward()
-                loss_sum += loss.detach()
+                loss = cross_entropy(model(x), y)
+                aux = model.aux_loss()  # MoE balancing terms of this forward, already weighted (0 when dense)
+                ((loss + aux) / accum).backward()  # every micro-batch has the same token count
+                sums += torch.stack([loss.detach(), aux.detach()]).float() / accum
             grad_norm = clip_grad_norm(model.parameters(), cfg.optim.grad_clip)
-            # One small all-reduce per step: the loss for logging, and a stop request seen by any rank.
-            shared = torch.stack([loss_sum.double(), torch.tensor(float(stop["requested"]), device=di.device,
-                                                                  dtype=torch.float64)])
+            # One small all-reduce per step: the losses for logging, and a stop request seen by any rank.
+            shared = torch.cat([sums.double(), torch.tensor([float(stop["requested"])], device=di.device,
+                                                            dtype=torch.float64)])
             dist.all_reduce(shared)
-            loss_value = shared[0].item() / di.world_size
-            if not (math.isfinite(loss_value) and math.isfinite(float(grad_norm))):
-                raise NonFiniteError(f"non-finite {'loss' if not math.isfinite(loss_value) else 'gradient norm'} "
-                                     f"at step {step + 1} (loss {loss_value}, grad norm {float(grad_norm)}); the "
-                                     f"run stopped before the update. Resume from the last checkpoint in "
-                                     f"{ckpt_dir} with a lower optim.lr or a longer schedule.warmup_steps.")
+            loss_value, aux_value = shared[0].item() / di.world_size, shared[1].item() / di.world_size
+            total_loss = loss_value + aux_value
+            if not (math.isfinite(total_loss) and math.isfinite(float(grad_norm))):
+                raise NonFiniteError(f"non-finite {'loss' if not math.isfinite(total_loss) else 'gradient norm'} "
+                                     f"at step {step + 1} (loss {loss_value}, aux {aux_value}, grad norm "
+                                     f"{float(grad_norm)}); the run stopped before the update. Resume from the last "
+                                     f"checkpoint in {ckpt_dir} with a lower optim.lr or a longer "
+                                     "schedule.warmup_steps.")
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            moe_stats = moe_step_end(model)  # loads of all ranks → balancing bias; per-layer metrics ({} if dense)
             step += 1
             tokens += tokens_per_step
             window_tokens += tokens_per_step
@@ -223,14 +228,15 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
             if step % cfg.log.every == 0 or step == t.steps:
                 elapsed = time.perf_counter() - window_t0
                 tok_per_s = window_tokens / max(elapsed, 1e-9)
+                moe_record = {"aux_loss": aux_value, **moe_stats} if moe_stats else {}
                 logger.log_train(step, {"tokens": tokens, "loss": loss_value, "lr": lr,
                                         "grad_norm": float(grad_norm), "tok_per_s": tok_per_s,
-                                        "mfu": mfu(flops_per_token, tok_per_s, di.world_size, peak)})
+                                        "mfu": mfu(flops_per_token, tok_per_s, di.world_size, peak), **moe_record})
                 window_t0, window_tokens = time.perf_counter(), 0
             paused_at = time.perf_counter()  # eval and checkpoint time stays out of tok/s
             if step % t.eval_every == 0 or step == t.steps:
                 logger.log_eval(step, {"tokens": tokens, **scale_telemetry(model), **evaluate()})
-            stopping = shared[1].item() > 0 or step == stop_at_step
+            stopping = shared[2].item() > 0 or step == stop_at_step
             if step % t.ckpt_every == 0 or step == t.steps or stopping:
                 checkpoint()
             window_t0 += time.perf_counter() - paused_at

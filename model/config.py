@@ -17,7 +17,9 @@ class Role(str, enum.Enum):
 
     EMBED = "embed"
     LM_HEAD = "lm_head"
-    MATRIX = "matrix"  # 2-D weights inside the blocks (q/k/v/o, gate/up/down)
+    MATRIX = "matrix"  # 2-D weights inside the blocks (q/k/v/o, gate/up/down, the shared expert's)
+    EXPERT_MATRIX = "expert_matrix"  # stacked routed-expert weights (E, out, in): Muon per expert
+    ROUTER = "router"  # the MoE router (and the optional shared-expert gate): AdamW
     SCALE_INPUT = "scale_input"  # Input-Norm vectors: read directly by a linear map (PAPER.md §1.7)
     SCALE_OUTPUT = "scale_output"  # Output-Norm vectors: DNP/AP/DP output side, Q/K-Norm, Gemma output norms
 
@@ -33,6 +35,9 @@ class ScaleConfig:
     placement: Placement = "input"  # none | input (Llama) | ap (u only) | dp (u and v) | dnp (u, inner Norm, v)
     reparam: Reparam = "direct"  # direct γ | or: γ = β·Norm(α) | er: γ = e^β · e^(α − mean α)
     lm_head: bool = False  # the final-norm → LM-head branch takes `placement` too (PAPER.md §2.4)
+    # MoE only: the router branch takes the output side of `placement` too (a vector over the expert logits, and
+    # DNP's Norm of the logits). Its input side always follows its norm, like every branch. [U] off by default.
+    router: bool = False
 
     @property
     def has_vectors(self) -> bool:
@@ -56,6 +61,58 @@ class ScaleConfig:
         return self.placement != "dnp"
 
 
+Balance = Literal["aux", "bias", "none"]
+ExpertImpl = Literal["auto", "grouped", "loop"]
+
+
+@dataclass
+class MoEConfig:
+    """Llama-MoE's FFN (PAPER.md §2.2): `n_experts` routed SwiGLU experts, `top_k` per token (token choice,
+    dropless), plus `n_shared` always-on experts. Everything the paper leaves open is a choice here ([U])."""
+
+    n_experts: int = 32  # [P]
+    top_k: int = 4  # [P]
+    n_shared: int = 1  # 0 or 1 [P: 1, "following QwenMoE"]
+    expert_ffn: Optional[int] = None  # routed expert hidden size; None: int(2·d_model/3) [P]
+    shared_ffn: Optional[int] = None  # shared expert hidden size; None: int(8·d_model/3) [P]
+    renormalize: bool = False  # top-k weights renormalized to sum 1 [U: off, as Qwen1.5/2-MoE]
+    shared_gate: bool = False  # Qwen-style sigmoid gate on the shared expert [U: off; the counts have none]
+    balance: Balance = "aux"  # aux: Switch loss | bias: aux-loss-free (DeepSeek-V3) | none [U]
+    aux_coef: float = 0.01  # per MoE layer, on E·Σ fᵢ·Pᵢ (1 at perfect balance) [U]
+    bias_rate: float = 1.0e-3  # balance=bias: bias step per optimizer step, b ← b + rate·sign(mean load − load)
+    z_coef: float = 0.0  # router z-loss, mean (logsumexp logits)² (ST-MoE) [U: off]
+    pad_multiple: int = 8  # routed hidden padded with zeros to a multiple (bf16 grouped GEMM needs 16-byte strides)
+    impl: ExpertImpl = "auto"  # auto: grouped GEMM on CUDA in bf16, else the exact per-expert loop
+
+    def expert_dim(self, d_model: int) -> int:
+        return self.expert_ffn if self.expert_ffn is not None else int(2 * d_model / 3)
+
+    def expert_dim_padded(self, d_model: int) -> int:
+        f, m = self.expert_dim(d_model), self.pad_multiple
+        return -(-f // m) * m
+
+    def invariants(self) -> list[tuple[str, str]]:
+        bad = []
+        if self.n_experts <= 0:
+            bad.append(("n_experts", "must be positive"))
+        if not 0 < self.top_k <= max(self.n_experts, 1):
+            bad.append(("top_k", f"{self.top_k} must lie in [1, n_experts={self.n_experts}]"))
+        if self.n_shared not in (0, 1):
+            bad.append(("n_shared", f"{self.n_shared}: 0 or 1 shared expert (widen it with shared_ffn)"))
+        for key in ("expert_ffn", "shared_ffn"):
+            if getattr(self, key) is not None and getattr(self, key) <= 0:
+                bad.append((key, "must be positive (or null for the paper's size)"))
+        if self.shared_gate and self.n_shared == 0:
+            bad.append(("shared_gate", "gates the shared expert, but n_shared is 0"))
+        for key in ("aux_coef", "bias_rate", "z_coef"):
+            value = getattr(self, key)
+            if not (value >= 0 and value < float("inf")):
+                bad.append((key, f"{value} must be a finite number ≥ 0"))
+        if self.pad_multiple <= 0:
+            bad.append(("pad_multiple", "must be positive (1: no padding)"))
+        return bad
+
+
 @dataclass
 class ModelConfig:
     d_model: int = 768
@@ -70,6 +127,7 @@ class ModelConfig:
     init_std: float = 0.02
     scale: ScaleConfig = field(default_factory=ScaleConfig)
     gemma_norms: bool = False  # Fig. 3 layout: Q/K-Norm + attention-output and FFN-output norms (PAPER.md §3.4)
+    moe: Optional[MoEConfig] = None  # None: dense SwiGLU FFN; set: Llama-MoE (PAPER.md §2.2)
 
     @property
     def head_dim(self) -> int:
@@ -112,4 +170,9 @@ class ModelConfig:
                         "(DNP on q/k already is Q/K-Norm); use one or the other"))
         if self.scale.lm_head and not self.scale.has_vectors:
             bad.append(("scale.lm_head", "has no effect with scale.placement=none; set it to false"))
+        if self.scale.router and (self.moe is None or not self.scale.output_side):
+            bad.append(("scale.router", "gives the MoE router the output side of placement ap | dp | dnp; "
+                                        "it has no effect on a dense model or another placement: set it to false"))
+        if self.moe is not None:
+            bad += [(f"moe.{k}", p) for k, p in self.moe.invariants()]
         return bad

@@ -1,5 +1,6 @@
-"""Llama (PAPER.md §1.2, §2): token embedding, n_layers Pre-Norm blocks (RoPE attention with SDPA, SwiGLU MLP), a final
-norm and an untied LM head; no biases. Where the scale vectors sit is decided by model/scaling.py.
+"""Llama (PAPER.md §1.2, §2): token embedding, n_layers Pre-Norm blocks (RoPE attention with SDPA, SwiGLU MLP — or the
+MoE FFN of model/moe.py when `model.moe` is set), a final norm and an untied LM head; no biases. Where the scale vectors
+sit is decided by model/scaling.py.
 
 Names follow Hugging Face's Llama (q_proj, gate_proj, …) so export is a renaming.
 """
@@ -16,8 +17,9 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from model.config import ModelConfig, Role, ScaleConfig
+from model.moe import MoE
 from model.rope import apply_rope, rope_tables
-from model.scaling import Norm, ScaledLinear, ScaleVector, extra_norm, group_layout
+from model.scaling import ExpertBranch, GroupLayout, Norm, ScaledLinear, ScaleVector, extra_norm, group_layout
 
 
 class Attention(nn.Module):
@@ -51,19 +53,28 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU: W_down(SiLU(gate) ⊙ up), each of gate/up a branch of the FFN pre-norm."""
+    """SwiGLU: W_down(SiLU(gate) ⊙ up), each of gate/up a branch of the FFN pre-norm (the dense FFN, and the MoE's
+    shared expert)."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, d: int, f: int, eps: float, layout: GroupLayout):
         super().__init__()
-        d, f, eps = cfg.d_model, cfg.ffn_dim, cfg.norm_eps
-        lay = group_layout(cfg.scale, n_branches=2)
-        self.gate_proj = lay.branch(d, f, eps)
-        self.up_proj = lay.branch(d, f, eps)
+        self.gate_proj = layout.branch(d, f, eps)
+        self.up_proj = layout.branch(d, f, eps)
         self.down_proj = ScaledLinear(f, d)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        """h: (B, T, d) normalized input → (B, T, d)."""
+        """h: (..., d) normalized input → (..., d)."""
         return self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+def ffn(cfg: ModelConfig, layout: GroupLayout) -> nn.Module:
+    """The FFN of a block: the dense SwiGLU, or the MoE (routed experts + the shared expert, PAPER.md §2.2)."""
+    d, eps = cfg.d_model, cfg.norm_eps
+    if cfg.moe is None:
+        return MLP(d, cfg.ffn_dim, eps, layout)
+    shared_dim = cfg.moe.shared_ffn if cfg.moe.shared_ffn is not None else int(8 * d / 3)
+    shared = MLP(d, shared_dim, eps, layout) if cfg.moe.n_shared else None
+    return MoE(d, eps, layout, cfg.moe, router_output=cfg.scale.router, shared_expert=shared)
 
 
 class Block(nn.Module):
@@ -72,8 +83,9 @@ class Block(nn.Module):
         d, eps = cfg.d_model, cfg.norm_eps
         self.attn_norm = group_layout(cfg.scale, 3).norm(d, eps)
         self.attn = Attention(cfg)
-        self.ffn_norm = group_layout(cfg.scale, 2).norm(d, eps)
-        self.mlp = MLP(cfg)
+        ffn_layout = group_layout(cfg.scale, 2)  # gate, up (and with MoE: router, experts, shared expert)
+        self.ffn_norm = ffn_layout.norm(d, eps)
+        self.mlp = ffn(cfg, ffn_layout)
         self.attn_out_norm = extra_norm(cfg.scale, d, eps) if cfg.gemma_norms else None
         self.ffn_out_norm = extra_norm(cfg.scale, d, eps) if cfg.gemma_norms else None
 
@@ -108,21 +120,49 @@ class Llama(nn.Module):
 
     @torch.no_grad()
     def init_weights(self, seed: int = 0) -> None:
-        """The one init scheme. Every matrix and the embedding ~ N(0, init_std²); o_proj and down_proj, which write
-        into the residual stream, use init_std/√(2·n_layers) (GPT-2's depth scaling); every scale vector starts at
-        γ = 1 (PAPER.md §1.1). Each parameter is drawn whole from a generator seeded by (seed, its name), then
-        sharded if it is a DTensor, so the model is identical for any world size and any module order."""
+        """The one init scheme. Every matrix and the embedding ~ N(0, init_std²); o_proj and down_proj (the experts'
+        too), which write into the residual stream, use init_std/√(2·n_layers) (GPT-2's depth scaling); every scale
+        vector starts at γ = 1 (PAPER.md §1.1); MoE balancing buffers start at 0. Each parameter is drawn whole from a
+        generator seeded by (seed, its name), then sharded if it is a DTensor, so the model is identical for any world
+        size and any module order. A padded expert stack draws its logical shape and pads it with zeros, so the
+        padding never changes a value."""
         depth_std = self.cfg.init_std / math.sqrt(2 * self.cfg.n_layers)
         for module in self.modules():
             if isinstance(module, ScaleVector):
                 module.reset_parameters()
+            elif isinstance(module, MoE):
+                module.reset_buffers()
+        logical = self._logical_shapes()
         for name, p in self.named_parameters():
             if p.dim() < 2:
                 continue
             std = depth_std if name.endswith(("o_proj.weight", "down_proj.weight")) else self.cfg.init_std
             gen = torch.Generator(device=p.device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
-            full = torch.empty(p.shape, device=p.device, dtype=torch.float32).normal_(0.0, std, generator=gen)
+            shape = logical.get(name, tuple(p.shape))
+            full = torch.empty(shape, device=p.device, dtype=torch.float32).normal_(0.0, std, generator=gen)
+            if shape != tuple(p.shape):
+                full = torch.nn.functional.pad(full, [x for n, m in zip(reversed(shape), reversed(p.shape))
+                                                      for x in (0, m - n)])
             _copy_full(p, full)
+
+    def moe_layers(self) -> Iterator[tuple[int, MoE]]:
+        for i, block in enumerate(self.layers):
+            if isinstance(block.mlp, MoE):
+                yield i, block.mlp
+
+    def aux_loss(self) -> torch.Tensor:
+        """The MoE balancing terms of the last forward (aux and z, already weighted), summed over layers; 0 for a
+        dense model. The trainer adds it to the LM loss and scales both alike under gradient accumulation."""
+        terms = [m.balance_loss for _, m in self.moe_layers() if m.balance_loss is not None]
+        if not terms:
+            return torch.zeros((), device=self.tok_embeddings.weight.device)
+        return torch.stack(terms).sum()
+
+    def _logical_shapes(self) -> dict[str, tuple[int, ...]]:
+        out = {}
+        for i, moe in self.moe_layers():
+            out.update({f"layers.{i}.mlp.{n}": shape for n, shape in moe.logical_shapes().items()})
+        return out
 
     # --------------------------------------------------------------------------------------------------- roles
 
@@ -133,7 +173,7 @@ class Llama(nn.Module):
             prefix = f"{mname}." if mname else ""
             if isinstance(module, ScaleVector):
                 local = {n: module.role for n, _ in module.named_parameters(recurse=False)}
-            elif isinstance(module, ScaledLinear):
+            elif isinstance(module, (ScaledLinear, ExpertBranch)):
                 local = {"weight": module.role}
             elif isinstance(module, nn.Embedding):
                 local = {"weight": Role.EMBED}
@@ -155,22 +195,33 @@ class Llama(nn.Module):
     # ------------------------------------------------------------------------------------------ counting
 
     def num_params(self, exclude_embedding: bool = False) -> int:
-        n = sum(p.numel() for p in self.parameters())
+        """Logical parameters: the zero padding of expert stacks is not counted."""
+        n = sum(p.numel() for p in self.parameters()) - self._padding()
         return n - self.tok_embeddings.weight.numel() if exclude_embedding else n
+
+    def activated_params(self, exclude_embedding: bool = False) -> int:
+        """The parameters one token uses: all but the routed experts it is not sent to (PAPER.md §2.3's "activated";
+        = num_params for a dense model)."""
+        return self.num_params(exclude_embedding) - sum(m.inactive_params() for _, m in self.moe_layers())
+
+    def _padding(self) -> int:
+        return sum(m.padding_params() for _, m in self.moe_layers())
 
     def params_by_role(self) -> dict[str, int]:
         params = dict(self.named_parameters())
         counts = {role.value: 0 for role in Role}
         for name, role in self.param_roles().items():
             counts[role.value] += params[name].numel()
+        counts[Role.EXPERT_MATRIX.value] -= self._padding()
         return counts
 
     def flops_per_token(self, seq_len: int) -> int:
-        """Training FLOPs per token: 6·N (N = parameters without the input embedding, as the paper's compute axis,
-        PAPER.md §3.6) plus attention scores and values, 12·n_layers·n_heads·head_dim·seq_len (PaLM's count,
-        without halving for the causal mask)."""
+        """Training FLOPs per token: 6·N plus attention scores and values, 12·n_layers·n_heads·head_dim·seq_len (PaLM's
+        count, without halving for the causal mask). N = activated parameters without the input embedding: for a
+        dense model, the paper's compute axis (PAPER.md §3.6); for MoE, what a token costs (MFU). The paper's MoE
+        compute axis counts total parameters instead (§3.6)."""
         c = self.cfg
-        return 6 * self.num_params(exclude_embedding=True) + 12 * c.n_layers * c.n_heads * c.head_dim * seq_len
+        return 6 * self.activated_params(exclude_embedding=True) + 12 * c.n_layers * c.n_heads * c.head_dim * seq_len
 
     # ------------------------------------------------------------------------------------------ folding
 
@@ -196,16 +247,32 @@ class Llama(nn.Module):
             p = f"layers.{i}."
             fold_group(blk.attn_norm, {f"{p}attn.{n}.weight": getattr(blk.attn, n)
                                        for n in ("q_proj", "k_proj", "v_proj")}, f"{p}attn_norm.scale.weight")
-            fold_group(blk.ffn_norm, {f"{p}mlp.{n}.weight": getattr(blk.mlp, n)
-                                      for n in ("gate_proj", "up_proj")}, f"{p}ffn_norm.scale.weight")
+            fold_group(blk.ffn_norm, {f"{p}mlp.{n}.weight": b for n, b in _ffn_branches(blk.mlp)},
+                       f"{p}ffn_norm.scale.weight")
             out[f"{p}attn.o_proj.weight"] = blk.attn.o_proj.weight.detach().clone()
-            out[f"{p}mlp.down_proj.weight"] = blk.mlp.down_proj.weight.detach().clone()
+            for name, t in blk.mlp.state_dict().items():  # down projections, MoE buffers: unchanged
+                if not {"in_scale", "out_scale"} & set(name.split(".")):
+                    out.setdefault(f"{p}mlp.{name}", t.detach().clone())
         fold_group(self.norm, {"lm_head.weight": self.lm_head}, "norm.scale.weight")
         return out
 
 
+def _ffn_branches(mlp: nn.Module) -> list[tuple[str, ScaledLinear | ExpertBranch]]:
+    """The linear maps that read the FFN pre-norm's output, by name under the block's `mlp`."""
+    if not isinstance(mlp, MoE):
+        return [("gate_proj", mlp.gate_proj), ("up_proj", mlp.up_proj)]
+    out = [("router", mlp.router), ("gate_proj", mlp.gate_proj), ("up_proj", mlp.up_proj)]
+    if mlp.shared_expert is not None:
+        out += [("shared_expert.gate_proj", mlp.shared_expert.gate_proj),
+                ("shared_expert.up_proj", mlp.shared_expert.up_proj)]
+    if mlp.shared_expert_gate is not None:
+        out.append(("shared_expert_gate", mlp.shared_expert_gate))
+    return out
+
+
 def plain_config(cfg: ModelConfig) -> ModelConfig:
-    """The plain Llama that `folded_state_dict` fills: same sizes, one direct γ per norm, nothing else."""
+    """The plain Llama (or Llama-MoE) that `folded_state_dict` fills: same sizes, one direct γ per norm, nothing
+    else."""
     return replace(cfg, scale=ScaleConfig(), gemma_norms=False)
 
 

@@ -20,11 +20,15 @@ import torch.nn as nn
 from model.config import Role, ScaleConfig
 
 
-def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_normalize(x: torch.Tensor, eps: float, n: Optional[int] = None) -> torch.Tensor:
     """Norm(x) = √d · x / ‖x‖ over the last dim (PAPER.md §1.1), with the usual RMSNorm eps. Computed in float32 (as
-    transformers' LlamaRMSNorm does) and cast back, so bf16 activations keep an fp32 reduction."""
+    transformers' LlamaRMSNorm does) and cast back, so bf16 activations keep an fp32 reduction.
+
+    `n`: the logical width when the last dim carries zero padding (MoE experts): the mean square is Σx²/n, so the
+    padded units (zeros) change nothing and the result equals the unpadded Norm."""
     x32 = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    sq = x32.pow(2).mean(-1, keepdim=True) if n is None else x32.pow(2).sum(-1, keepdim=True) / n
+    return (x32 * torch.rsqrt(sq + eps)).to(x.dtype)
 
 
 class ScaleVector(nn.Module):
@@ -34,17 +38,20 @@ class ScaleVector(nn.Module):
     or:     γ = β · Norm(α) = β·√d·α/‖α‖,           α₀ = 1, β₀ = 1   (Thm 3.2)
     er:     γ = e^β · e^(α − mean α),               α₀ = 0, β₀ = 0   (init [I]: gives γ₀ = 1)
 
-    β is stored with shape (1,) rather than () so FSDP2 can shard it like any other parameter.
+    `count` makes it a stack of independent vectors, one per routed expert: γ has shape (count, dim), and OR/ER keep
+    one β and one Norm/mean per row. β is stored with shape (1,) (or (count, 1)) rather than () so FSDP2 can shard it
+    like any other parameter.
     """
 
-    def __init__(self, dim: int, reparam: str, role: Role):
+    def __init__(self, dim: int, reparam: str, role: Role, count: Optional[int] = None):
         super().__init__()
-        self.dim, self.reparam, self.role = dim, reparam, role
+        self.dim, self.reparam, self.role, self.count = dim, reparam, role, count
+        lead = () if count is None else (count,)
         if reparam == "direct":
-            self.weight = nn.Parameter(torch.empty(dim))
+            self.weight = nn.Parameter(torch.empty(*lead, dim))
         elif reparam in ("or", "er"):
-            self.alpha = nn.Parameter(torch.empty(dim))
-            self.beta = nn.Parameter(torch.empty(1))
+            self.alpha = nn.Parameter(torch.empty(*lead, dim))
+            self.beta = nn.Parameter(torch.empty(*lead, 1))
         else:
             raise ValueError(f"unknown scale reparameterization {reparam!r}; expected direct, or or er")
 
@@ -58,31 +65,37 @@ class ScaleVector(nn.Module):
             self.beta.fill_(start)
 
     def forward(self) -> torch.Tensor:
-        """The effective vector γ, shape (dim,)."""
+        """The effective vector γ, shape (dim,), or (count, dim) for a stack."""
         if self.reparam == "direct":
             return self.weight
         a = self.alpha
         if self.reparam == "or":
             # No eps inside Norm(α): ‖α‖ stays √d under gradient flow (PAPER.md §5.5), far from 0.
-            return self.beta * (a * torch.rsqrt(a.pow(2).mean()))
-        return torch.exp(self.beta + a - a.mean())
+            return self.beta * (a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True)))
+        return torch.exp(self.beta + a - a.mean(-1, keepdim=True))
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, reparam={self.reparam}, role={self.role.value}"
+        count = "" if self.count is None else f"count={self.count}, "
+        return f"{count}dim={self.dim}, reparam={self.reparam}, role={self.role.value}"
 
 
 class Norm(nn.Module):
     """γ ⊙ Norm(x) over groups of `group` channels of the last dim (the whole dim by default; head_dim for a per-head
-    norm, then γ ∈ R^group). `scale` None is a pure Norm (the "w/o scale vectors" model of Fig. 1)."""
+    norm, then γ ∈ R^group). `scale` None is a pure Norm (the "w/o scale vectors" model of Fig. 1). `logical`: the
+    unpadded width when the last dim carries zero padding (routed experts; whole-dim groups only)."""
 
-    def __init__(self, dim: int, eps: float, scale: Optional[ScaleVector], group: Optional[int] = None):
+    def __init__(self, dim: int, eps: float, scale: Optional[ScaleVector], group: Optional[int] = None,
+                 logical: Optional[int] = None):
         super().__init__()
         self.dim, self.eps, self.group = dim, eps, group or dim
+        self.logical = logical if logical is not None and logical != dim else None
+        if self.logical is not None and self.group != dim:
+            raise ValueError("a padded Norm normalizes the whole vector; per-group padding is not supported")
         self.scale = scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.group == self.dim:
-            y = rms_normalize(x, self.eps)
+            y = rms_normalize(x, self.eps, self.logical)
             return y if self.scale is None else y * self.scale()
         # (..., dim) → (..., dim/group, group): normalize each head separately; a γ of size `group` is shared by
         # the heads (Gemma's Q/K-Norm)
@@ -90,7 +103,8 @@ class Norm(nn.Module):
         return (y if self.scale is None else y * self.scale()).flatten(-2)
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, group={self.group}, eps={self.eps}"
+        logical = "" if self.logical is None else f", logical={self.logical}"
+        return f"dim={self.dim}, group={self.group}, eps={self.eps}{logical}"
 
 
 class ScaledLinear(nn.Module):
@@ -112,7 +126,8 @@ class ScaledLinear(nn.Module):
         """x: (..., d_in) → (..., d_out)."""
         if self.in_scale is not None:
             x = x * self.in_scale()
-        y = torch.nn.functional.linear(x, self.weight)
+        # .to: a no-op except for the MoE router, which runs in fp32 on bf16 weights
+        y = torch.nn.functional.linear(x, self.weight.to(x.dtype))
         if self.inner is not None:
             y = self.inner(y)
         if self.out_scale is not None:
@@ -139,6 +154,63 @@ class ScaledLinear(nn.Module):
         return f"d_in={self.d_in}, d_out={self.d_out}, role={self.role.value}"
 
 
+class ExpertBranch(nn.Module):
+    """One branch (gate or up) of every routed expert, stacked: for a row r routed to expert e,
+
+        y_r = u_e ⊙ post(W_e (v ⊙ x_r)),   W: (E, d_out_padded, d_in),
+
+    with v shared by the experts (it acts on the token, in R^d_in, the same space for every expert) and u_e, W_e per
+    expert (an expert's hidden units are its own). Rows of W past d_out are zero padding for the grouped GEMM's
+    alignment; they stay zero in training (model/moe.py) and the inner Norm divides by the logical d_out.
+    """
+
+    def __init__(self, n_experts: int, d_in: int, d_out: int, d_out_padded: int, *,
+                 in_scale: Optional[ScaleVector] = None, inner: Optional[Norm] = None,
+                 out_scale: Optional[ScaleVector] = None):
+        super().__init__()
+        self.n_experts, self.d_in, self.d_out, self.d_out_padded = n_experts, d_in, d_out, d_out_padded
+        self.role = Role.EXPERT_MATRIX
+        self.in_scale = in_scale
+        self.weight = nn.Parameter(torch.empty(n_experts, d_out_padded, d_in))
+        self.inner = inner
+        self.out_scale = out_scale
+
+    def forward(self, x: torch.Tensor, expert_of_row: torch.Tensor, matmul) -> torch.Tensor:
+        """x: (N, d_in) rows sorted by expert; expert_of_row: (N,) int64; matmul(x, W) → (N, d_out_padded), the
+        grouped GEMM or the per-expert loop of model/moe.py."""
+        if self.in_scale is not None:
+            x = x * self.in_scale()
+        y = matmul(x, self.weight)
+        if self.inner is not None:
+            y = self.inner(y)
+        if self.out_scale is not None:
+            y = y * self._padded(self.out_scale())[expert_of_row]  # (E, d_out_padded) → one row per token slot
+        return y
+
+    def _padded(self, u: torch.Tensor) -> torch.Tensor:
+        pad = self.d_out_padded - self.d_out
+        return torch.nn.functional.pad(u, (0, pad)) if pad else u
+
+    @torch.no_grad()
+    def folded_weight(self, extra_in: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """diag(u_e) W_e diag(v ⊙ extra_in) for every expert: (E, d_out_padded, d_in). Refuses DNP's inner Norm."""
+        if self.inner is not None:
+            raise ValueError("a branch with DNP's inner Norm does not fold into a plain linear map")
+        w = self.weight.detach().clone()
+        v = self.in_scale() if self.in_scale is not None else None
+        if extra_in is not None:
+            v = extra_in if v is None else v * extra_in
+        if v is not None:
+            w = w * v[None, None, :]
+        if self.out_scale is not None:
+            w = w * self._padded(self.out_scale())[:, :, None]
+        return w
+
+    def extra_repr(self) -> str:
+        return (f"n_experts={self.n_experts}, d_in={self.d_in}, d_out={self.d_out}, "
+                f"d_out_padded={self.d_out_padded}, role={self.role.value}")
+
+
 @dataclass(frozen=True)
 class GroupLayout:
     """The resolved structure of one Pre-Norm group (the branches reading one norm)."""
@@ -153,14 +225,26 @@ class GroupLayout:
         return Norm(dim, eps, ScaleVector(dim, self.reparam, Role.SCALE_INPUT) if self.shared_input else None)
 
     def branch(self, d_in: int, d_out: int, eps: float, inner_group: Optional[int] = None,
-               role: Role = Role.MATRIX) -> ScaledLinear:
-        """`inner_group`: DNP normalizes over groups of this size (head_dim on q/k/v; None = whole vector)."""
+               role: Role = Role.MATRIX, output_side: bool = True) -> ScaledLinear:
+        """`inner_group`: DNP normalizes over groups of this size (head_dim on q/k/v; None = whole vector).
+        `output_side=False`: the branch keeps only the input side (the MoE router unless `scale.router`)."""
+        output = self.output and output_side
         return ScaledLinear(
             d_in, d_out,
             in_scale=ScaleVector(d_in, self.reparam, Role.SCALE_INPUT) if self.branch_input else None,
-            inner=Norm(d_out, eps, None, inner_group) if self.inner_norm else None,
-            out_scale=ScaleVector(d_out, self.reparam, Role.SCALE_OUTPUT) if self.output else None,
+            inner=Norm(d_out, eps, None, inner_group) if self.inner_norm and output else None,
+            out_scale=ScaleVector(d_out, self.reparam, Role.SCALE_OUTPUT) if output else None,
             role=role,
+        )
+
+    def experts(self, n_experts: int, d_in: int, d_out: int, d_out_padded: int, eps: float) -> ExpertBranch:
+        """One branch of the routed experts: an input-side v shared by the experts (HG: one per branch kind, not per
+        expert), and per-expert output-side vectors u_e and inner Norm (model/moe.py explains the choice)."""
+        return ExpertBranch(
+            n_experts, d_in, d_out, d_out_padded,
+            in_scale=ScaleVector(d_in, self.reparam, Role.SCALE_INPUT) if self.branch_input else None,
+            inner=Norm(d_out_padded, eps, None, logical=d_out) if self.inner_norm else None,
+            out_scale=ScaleVector(d_out, self.reparam, Role.SCALE_OUTPUT, count=n_experts) if self.output else None,
         )
 
 

@@ -24,7 +24,7 @@ def _layer_of(name: str) -> str:
 def scale_telemetry(model: Llama) -> dict[str, float]:
     groups: dict[str, list[torch.Tensor]] = defaultdict(list)
     for name, sv in model.scale_vectors():
-        gamma = _full(sv()).float()  # effective γ, whatever the parameterization
+        gamma = _full(sv()).float().flatten()  # effective γ, whatever the parameterization; (E, F) stacks flat
         groups[f"scale/{sv.role.value}/{_layer_of(name)}"].append(gamma)
     out: dict[str, float] = {}
     for key, vectors in groups.items():

@@ -3,6 +3,8 @@
     python -m scripts.bench                                            # tiny CPU shapes, baseline vs unified
     python -m scripts.bench --config configs/dense/1b.yaml --presets baseline unified --compile \\
         --micro-batch 4 --steps 10 --warmup 3                          # Table 3's setting, on a GPU
+    python -m scripts.bench --models configs/tiny_moe.yaml "configs/tiny_cpu.yaml model.d_ffn=1367" \\
+        --presets baseline                                             # MoE vs the dense model of equal activated size
 
 Each design gets the same random batches; designs are interleaved round by round, so drift in machine load hits all
 of them alike. Prints ms/step, tokens/s, MFU (on known GPUs), peak memory (CUDA) and the ratio to the first design.
@@ -12,9 +14,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shlex
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -52,19 +56,24 @@ def resident_bytes(model, optimizer) -> int:
 
 def step_fn(model, optimizer, batch, grad_clip: float):
     from optim import clip_grad_norm
+    from runtime.moe import moe_step_end
     from train import cross_entropy
     x, y = batch
     loss = cross_entropy(model(x), y)
-    loss.backward()
+    (loss + model.aux_loss()).backward()
     clip_grad_norm(model.parameters(), grad_clip)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    moe_step_end(model)  # MoE: loads → balancing bias, as in train.py
     return loss.item()  # waits for the device
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", action="append", help="model size config (default: configs/tiny_cpu.yaml shapes)")
+    p.add_argument("--models", nargs="+", metavar='"CONFIG [key=value ...]"',
+                   help="compare several models instead of one --config: each a config file and its own overrides, "
+                        "in one quoted string; every model is run with every preset")
     p.add_argument("--presets", nargs="+", default=["baseline", "unified"], help="configs/scale/<name>.yaml")
     p.add_argument("--micro-batch", type=int, help="sequences per step (default: the config's micro_batch)")
     p.add_argument("--seq-len", type=int, help="default: the config's data.seq_len")
@@ -84,15 +93,20 @@ def main(argv: list[str] | None = None) -> int:
     if di.device.type == "cpu" and not args.no_malloc_tuning:
         from runtime.cpu import tune_glibc_malloc
         tune_glibc_malloc()
-    base_paths = args.config or ["configs/tiny_cpu.yaml"]
+    if args.models:
+        models = [(Path(words[0]).stem + "".join(f"[{o.split('.')[-1]}]" for o in words[1:]), [words[0]], words[1:])
+                  for words in map(shlex.split, args.models)]
+    else:
+        models = [("", args.config or ["configs/tiny_cpu.yaml"], [])]
     try:
         runs = []
-        for name in args.presets:
-            cfg = load_config([*base_paths, f"configs/scale/{name}.yaml"], args.overrides)
-            vocab = args.vocab_size or cfg.model.vocab_size or 8192
-            cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab))
-            model, opt = build(cfg, di.device, args.compile)
-            runs.append((name, cfg, model, opt))
+        for label, paths, model_overrides in models:
+            for preset in args.presets:
+                cfg = load_config([*paths, f"configs/scale/{preset}.yaml"], [*model_overrides, *args.overrides])
+                vocab = args.vocab_size or cfg.model.vocab_size or 8192
+                cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab))
+                model, opt = build(cfg, di.device, args.compile)
+                runs.append((f"{label}/{preset}" if label else preset, cfg, model, opt))
         B = args.micro_batch or runs[0][1].train.micro_batch
         T = args.seq_len or runs[0][1].data.seq_len
         gen = torch.Generator().manual_seed(0)
@@ -117,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
         dev = torch.cuda.get_device_name(di.device) if di.device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
         print(f"device {dev} | torch {torch.__version__} | batch {B}×{T} | vocab {V} | compile {args.compile} | "
               f"dtype {runs[0][1].train.dtype} | {args.steps} timed steps after {args.warmup}")
-        print(f"{'design':<12}{'params':>14}{'ms/step':>10}{'± sd':>8}{'tok/s':>10}{'MFU':>7}{'mem MiB':>10}{'ratio':>7}")
+        w = max(12, *(len(name) + 2 for name, *_ in runs))
+        print(f"{'design':<{w}}{'params':>14}{'activated':>14}{'ms/step':>10}{'± sd':>8}{'tok/s':>10}{'MFU':>7}"
+              f"{'mem MiB':>10}{'ratio':>7}")
         ref = None
         for name, cfg, model, _ in runs:
             ms = 1000 * statistics.median(times[name])
@@ -128,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
             u = mfu(flops, tok_s, 1, peak)
             ref = ref or ms
             mem = f"{peak_mem[name]:.0f}" if name in peak_mem else "-"
-            print(f"{name:<12}{model.num_params():>14,}{ms:>10.1f}{sd:>8.1f}{tok_s:>10.0f}"
+            print(f"{name:<{w}}{model.num_params():>14,}{model.activated_params():>14,}{ms:>10.1f}{sd:>8.1f}"
+                  f"{tok_s:>10.0f}"
                   f"{(f'{100 * u:.1f}%' if u else '-'):>7}{mem:>10}{ms / ref:>7.3f}")
     finally:
         shutdown(di)

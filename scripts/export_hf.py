@@ -77,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
         model_cfg = resolve_vocab(cfg)
+        if model_cfg.moe is not None:
+            raise ConfigError("model.moe is set: transformers has no Llama-MoE without a shared-expert gate "
+                              "(Qwen2-MoE always gates it), so an MoE model cannot be exported as LlamaForCausalLM; "
+                              "its checkpoint loads in scalevec (scripts.sample)")
         if not model_cfg.scale.foldable or model_cfg.gemma_norms:
             raise ConfigError(f"model.scale.placement={model_cfg.scale.placement!r}"
                               f"{' with gemma_norms' if model_cfg.gemma_norms else ''} has normalizations a plain "

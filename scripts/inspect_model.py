@@ -20,6 +20,7 @@ def breakdown(model: Llama, seq_len: int) -> dict:
     return {
         "total_params": model.num_params(),
         "non_embedding_params": model.num_params(exclude_embedding=True),
+        "activated_params": model.activated_params(),  # one token's parameters (MoE: top-k routed experts)
         "scale_params": scale,
         "scale_fraction": scale / model.num_params(),
         "by_role": by_role,
@@ -28,6 +29,7 @@ def breakdown(model: Llama, seq_len: int) -> dict:
         "seq_len": seq_len,
         "flops_per_token": model.flops_per_token(seq_len),
         "scale": vars(model.cfg.scale) | {"gemma_norms": model.cfg.gemma_norms},
+        "moe": None if model.cfg.moe is None else vars(model.cfg.moe),
     }
 
 
@@ -35,11 +37,15 @@ def print_breakdown(model: Llama, seq_len: int) -> None:
     info = breakdown(model, seq_len)
     print(f"total params          {info['total_params']:>15,}")
     print(f"non-embedding params  {info['non_embedding_params']:>15,}")
+    if info["moe"] is not None:
+        print(f"activated params      {info['activated_params']:>15,}  (one token: shared expert + top-"
+              f"{info['moe']['top_k']} of {info['moe']['n_experts']} routed experts + the rest)")
     print(f"scale-vector params   {info['scale_params']:>15,}  ({info['scale_fraction']:.3e} of total, "
           f"{info['n_scale_vectors']} vectors)")
     for role, n in info["by_role"].items():
         print(f"  {role:<20}{n:>15,}")
-    print(f"training FLOPs/token  {info['flops_per_token']:>15,}  (6N + attention at seq_len {info['seq_len']})")
+    print(f"training FLOPs/token  {info['flops_per_token']:>15,}  (6N + attention at seq_len {info['seq_len']}; "
+          "N = activated non-embedding params)")
 
 
 def main(argv: list[str] | None = None) -> int:

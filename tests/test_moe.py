@@ -1,0 +1,352 @@
+"""Llama-MoE: the paper's parameter counts, the dense limit, dispatch/combine against a per-token reference (grouped
+GEMM and loop), padding, balancing (aux loss, bias), every scale preset, folding, roles, Muon per expert."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from config import OptimConfig, MuonConfig, load_config
+from model.config import ModelConfig, MoEConfig, Role, ScaleConfig
+from model.llama import Llama, build_model, plain_config
+from model.moe import MoE
+from optim import build_optimizer
+from runtime.checkpoint import load_checkpoint, save_checkpoint
+from runtime.moe import moe_step_end
+from test_model import FOLDABLE, PRESETS, randomize_vectors
+
+V = 61
+
+
+def moe_cfg(preset: str = "baseline", **moe) -> ModelConfig:
+    """A small MoE: d 32, 2 layers, 8 experts of hidden 21 (padded to 24), top-2, a shared expert."""
+    cfg = load_config(f"configs/scale/{preset}.yaml").model
+    return replace(cfg, d_model=32, n_layers=2, n_heads=4, vocab_size=V,
+                   moe=MoEConfig(**{"n_experts": 8, "top_k": 2, **moe}))
+
+
+def meta(cfg: ModelConfig) -> Llama:
+    with torch.device("meta"):
+        return Llama(cfg)
+
+
+TOKENS = torch.randint(0, V, (2, 13), generator=torch.Generator().manual_seed(0))
+
+# ----------------------------------------------------------------------------------------------------- counts
+
+PAPER_MOE = {  # PAPER.md §2.3: (total, activated) with V = 50,304, a bias-free d×32 router, no shared-expert gate
+    "0.25b": (251_044_480, 113_633_920),
+    "0.5b": (480_942_336, 183_671_040),
+    "0.8b": (797_327_040, 281_231_040),
+    "1b": (1_058_931_712, 354_976_768),
+    "2b": (1_996_574_720, 620_856_320),
+}
+
+
+@pytest.mark.parametrize("size", PAPER_MOE)
+def test_paper_moe_parameter_counts(size):
+    cfg = load_config(f"configs/moe/{size}.yaml")
+    model = meta(cfg.model)
+    total, activated = PAPER_MOE[size]
+    assert model.num_params() == total and model.activated_params() == activated
+    assert model.params_by_role()["scale_input"] == (2 * cfg.model.n_layers + 1) * cfg.model.d_model
+    moe = model.layers[0].mlp
+    assert moe.expert_dim == int(2 * cfg.model.d_model / 3) and moe.expert_dim_padded % 8 == 0
+    assert model.layers[0].mlp.shared_expert.gate_proj.d_out == int(8 * cfg.model.d_model / 3)
+    # MFU counts what a token costs: activated parameters without the input embedding
+    n = activated - cfg.model.padded_vocab * cfg.model.d_model
+    assert model.flops_per_token(1024) == 6 * n + 12 * cfg.model.n_layers * cfg.model.d_model * 1024
+
+
+def test_inspect_model_reports_activated_params(capsys):
+    from scripts import inspect_model
+    import json
+    assert inspect_model.main(["--config", "configs/moe_0.5b_unified.yaml", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["activated_params"] < info["total_params"] and info["moe"]["n_experts"] == 32
+    assert info["by_role"]["scale_output"] > 0 and info["scale"]["placement"] == "dnp"
+
+
+# ------------------------------------------------------------------------------------------- the dense limit
+
+def _dense_twin(cfg: ModelConfig) -> ModelConfig:
+    return replace(cfg, moe=None, d_ffn=cfg.moe.expert_dim(cfg.d_model))
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_one_expert_top1_no_shared_is_the_dense_swiglu(preset):
+    """E = 1, k = 1, no shared expert: the router's softmax is 1, so the MoE is the dense model with the same
+    weights (vectors included) — for every design."""
+    cfg = replace(moe_cfg(preset, n_experts=1, top_k=1, n_shared=0, expert_ffn=48, pad_multiple=1),
+                  scale=replace(load_config(f"configs/scale/{preset}.yaml").model.scale))
+    dense = build_model(_dense_twin(cfg), dtype=torch.float64)
+    randomize_vectors(dense)
+    moe = build_model(cfg, dtype=torch.float64)
+    randomize_vectors(moe, seed=2)  # router vectors get other values: they must not matter
+    src = dict(dense.named_parameters())
+    with torch.no_grad():
+        for name, p in moe.named_parameters():
+            if ".router." in f".{name}":
+                continue
+            p.copy_(src[name].reshape(p.shape))  # (F, d) → (1, F, d); (F,) → (1, F)
+        a, b = dense(TOKENS), moe(TOKENS)
+    assert ((a - b).norm() / a.norm()).item() <= 1e-10
+
+
+# ----------------------------------------------------------------------------- dispatch/combine vs a reference
+
+def reference_moe(moe: MoE, h: torch.Tensor) -> torch.Tensor:
+    """Every token through each of its k experts, one at a time, weighted: no sorting, no grouping."""
+    x = h.reshape(-1, moe.d)
+    probs = torch.nn.functional.linear(x.float(), moe.router.weight.float()).softmax(-1)
+    experts = (probs + moe.expert_bias).topk(moe.top_k, dim=-1).indices
+    weights = probs.gather(-1, experts)
+    out = []
+    for t in range(x.shape[0]):
+        y = moe.shared_expert(x[t])
+        for j in range(moe.top_k):
+            e = experts[t, j]
+            g, u = moe.gate_proj.weight[e] @ x[t], moe.up_proj.weight[e] @ x[t]
+            y = y + weights[t, j] * (moe.down_proj.weight[e] @ (torch.nn.functional.silu(g) * u))
+        out.append(y)
+    return torch.stack(out).view(h.shape)
+
+
+@pytest.mark.parametrize("impl", ["grouped", "loop"])
+def test_sorted_path_equals_per_token_reference(impl):
+    cfg = moe_cfg("baseline", balance="bias", impl=impl)
+    model = build_model(cfg)
+    moe = model.layers[0].mlp
+    with torch.no_grad():
+        moe.expert_bias[5:] = -10.0  # experts 5–7 are never chosen: zero-token groups
+    h = torch.randn(3, 7, cfg.d_model, requires_grad=True)
+    out = moe(h)
+    assert moe.tokens_per_expert[5:].sum() == 0 and moe.tokens_per_expert[:5].min() > 0
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad((out * g).sum(), [h, *moe.parameters()])
+    h2 = h.detach().clone().requires_grad_()
+    ref = reference_moe(moe, h2)
+    ref_grads = torch.autograd.grad((ref * g).sum(), [h2, *moe.parameters()])
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for (name, _), a, b in zip([("h", None), *moe.named_parameters()], grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_grouped_and_loop_agree_with_every_vector():
+    """The unified design (per-expert output vectors, DNP's inner Norm over padded rows) through both paths."""
+    cfg = moe_cfg("unified", impl="loop")
+    loop = build_model(cfg, dtype=torch.float64)
+    randomize_vectors(loop)
+    grouped = build_model(replace(cfg, moe=replace(cfg.moe, impl="grouped")), dtype=torch.float32)
+    grouped.load_state_dict({k: v.float() for k, v in loop.state_dict().items()})
+    a = loop(TOKENS)
+    b = grouped(TOKENS)
+    torch.testing.assert_close(b.double(), a, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("preset", ["baseline", "unified"])
+def test_padding_changes_nothing(preset):
+    """Hidden 21 padded to 24 vs unpadded: the same outputs and gradients, and the padding's gradient is exactly 0."""
+    cfg = moe_cfg(preset, pad_multiple=1)
+    plain, padded = build_model(cfg), build_model(replace(cfg, moe=replace(cfg.moe, pad_multiple=8)))
+    randomize_vectors(plain)
+    randomize_vectors(padded)
+    assert plain.num_params() == padded.num_params()
+    for m in (plain, padded):
+        (m(TOKENS).pow(2).mean() + m.aux_loss()).backward()
+    p1, p2 = dict(plain.named_parameters()), dict(padded.named_parameters())
+    for name, p in p1.items():
+        q = p2[name]
+        crop = tuple(slice(0, n) for n in p.shape)
+        torch.testing.assert_close(q[crop], p, rtol=0, atol=0, msg=name)  # the same init, padding aside
+        torch.testing.assert_close(q.grad[crop], p.grad, rtol=1e-5, atol=1e-6, msg=name)
+        if q.shape != p.shape:
+            outside = q.grad.clone()
+            outside[crop] = 0
+            assert outside.abs().max() == 0, name  # the padding's gradient is exactly 0
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_padded_units_stay_zero_in_training(optimizer):
+    cfg = moe_cfg("hg_dp")
+    model = build_model(cfg)
+    opt = build_optimizer(model, model.param_roles(), OptimConfig(name=optimizer, lr=1e-2))
+    for _ in range(3):
+        (model(TOKENS).pow(2).mean() + model.aux_loss()).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    moe = model.layers[1].mlp
+    f = moe.expert_dim
+    assert moe.expert_dim_padded > f
+    for w in (moe.gate_proj.weight, moe.up_proj.weight):
+        assert w[:, f:].abs().max() == 0 and w[:, :f].abs().min() > 0
+    assert moe.down_proj.weight[:, :, f:].abs().max() == 0
+
+
+# ------------------------------------------------------------------------------------------------- balancing
+
+def _cyclic_moe(E: int = 4, k: int = 2, **kw) -> tuple[MoE, torch.Tensor]:
+    """Token t strongly prefers experts t and t+1 (mod E): with E tokens, every expert gets exactly k slots and, by
+    symmetry, the same mean probability."""
+    cfg = moe_cfg("none", n_experts=E, top_k=k, **kw)
+    moe = build_model(cfg, dtype=torch.float64).layers[0].mlp
+    with torch.no_grad():
+        moe.router.weight.zero_()
+        for t in range(E):
+            moe.router.weight[t, t] = moe.router.weight[(t + 1) % E, t] = 5.0
+    h = torch.zeros(1, E, cfg.d_model, dtype=torch.float64)
+    h[0, torch.arange(E), torch.arange(E)] = 1.0
+    return moe, h
+
+
+def test_aux_loss_is_one_when_balanced_and_grows_with_skew():
+    moe, h = _cyclic_moe()
+    moe.train()
+    moe(h)
+    assert torch.equal(moe.tokens_per_expert, torch.full((4,), 2))
+    assert abs(moe.stat_sums[0].item() - 1.0) < 1e-6  # E·Σ fᵢPᵢ, unscaled
+    torch.testing.assert_close(moe.balance_loss, torch.tensor(0.01, dtype=torch.float64))  # aux_coef · 1
+    moe.reset_step_stats()
+    moe(torch.zeros_like(h).index_fill_(2, torch.tensor([0]), 1.0))  # every token prefers experts 0 and 1
+    assert moe.stat_sums[0].item() > 1.5
+
+
+def test_z_loss_and_no_balance():
+    moe, h = _cyclic_moe(balance="none", z_coef=1e-3)
+    moe(h)
+    z = torch.logsumexp(torch.nn.functional.linear(h[0], moe.router.weight), -1).pow(2).mean()
+    torch.testing.assert_close(moe.balance_loss, 1e-3 * z)
+    moe2, _ = _cyclic_moe(balance="none")
+    moe2(h)
+    assert moe2.balance_loss is None
+
+
+def test_bias_update_moves_load_toward_the_mean():
+    cfg = moe_cfg("baseline", balance="bias", bias_rate=0.01)
+    model = build_model(cfg)
+    moe = model.layers[0].mlp
+    gen = torch.Generator().manual_seed(3)
+    r = torch.randn(cfg.d_model, generator=gen)
+    r = r / r.norm()
+    h = torch.randn(8, 16, cfg.d_model, generator=gen) + 2.0 * r  # varied tokens sharing a direction …
+    with torch.no_grad():
+        moe.router.weight.copy_(0.3 * torch.randn(8, cfg.d_model, generator=gen))
+        moe.router.weight[0] += 1.5 * r  # … that expert 0 prefers: a skewed router
+    history = []
+    for _ in range(40):
+        with torch.no_grad():
+            moe(h)
+        history.append(moe_step_end(model)["moe/L0/max_load"])
+    late = sum(history[-10:]) / 10
+    assert history[0] > 1.6 and late < 0.85 * history[0], history
+    assert moe.expert_bias[0] < 0 and moe.tokens_per_expert.sum() == 0  # counters reset after each step
+
+
+def test_bias_and_counters_survive_a_checkpoint_bit_for_bit(tmp_path):
+    cfg = moe_cfg("unified", balance="bias")
+    model = build_model(cfg)
+    with torch.no_grad():
+        for _, moe in model.moe_layers():
+            moe.expert_bias.copy_(torch.randn(8) * 1e-3)
+            moe.tokens_per_expert.copy_(torch.arange(8) * 7)
+    save_checkpoint(tmp_path, 1, model, None, {"step": 1}, keep=1)
+    fresh = build_model(cfg, seed=5)
+    load_checkpoint(tmp_path, fresh, None)
+    for (_, a), (_, b) in zip(model.moe_layers(), fresh.moe_layers()):
+        assert torch.equal(a.expert_bias, b.expert_bias) and torch.equal(a.tokens_per_expert, b.tokens_per_expert)
+    for (n, p), (_, q) in zip(model.named_parameters(), fresh.named_parameters()):
+        assert torch.equal(p, q), n
+
+
+# ----------------------------------------------------------------------------------- presets, folding, roles
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_preset_trains_a_step(preset):
+    model = build_model(moe_cfg(preset))
+    opt = build_optimizer(model, model.param_roles(), OptimConfig(name="muon"))
+    loss = torch.nn.functional.cross_entropy(model(TOKENS).flatten(0, 1), TOKENS.roll(-1, 1).flatten())
+    (loss + model.aux_loss()).backward()
+    assert all(p.grad is not None for p in model.parameters())
+    opt.step()
+    assert torch.isfinite(model(TOKENS)).all()
+
+
+@pytest.mark.parametrize("preset", FOLDABLE + ["dp_router"])
+def test_folding_gives_a_plain_llama_moe(preset):
+    cfg = moe_cfg("hg_dp" if preset == "dp_router" else preset, shared_gate=True)
+    if preset == "dp_router":  # the router takes the output side too
+        cfg = replace(cfg, scale=replace(cfg.scale, router=True, reparam="er"))
+    model = build_model(cfg, dtype=torch.float64)
+    randomize_vectors(model)
+    plain = build_model(plain_config(cfg), seed=9, dtype=torch.float64)
+    plain.load_state_dict(model.folded_state_dict())
+    assert plain.cfg.moe == cfg.moe and plain.cfg.scale == ScaleConfig()
+    with torch.no_grad():
+        ref, out = model(TOKENS), plain(TOKENS)
+    assert ((out - ref).norm() / ref.norm()).item() <= 1e-10
+
+
+@pytest.mark.parametrize("preset", ["hg_dnp", "unified"])
+def test_folding_refuses_dnp(preset):
+    with pytest.raises(ValueError, match="inner Norm"):
+        build_model(moe_cfg(preset)).folded_state_dict()
+
+
+def test_roles_and_vector_placement():
+    model = meta(replace(moe_cfg("unified"), scale=ScaleConfig(heterogeneous=True, placement="dnp", reparam="or",
+                                                              lm_head=True, router=True)))
+    roles = model.param_roles()
+    p = "layers.0.mlp."
+    assert roles[f"{p}gate_proj.weight"] == roles[f"{p}down_proj.weight"] == Role.EXPERT_MATRIX
+    assert roles[f"{p}router.weight"] == Role.ROUTER and roles[f"{p}shared_expert.up_proj.weight"] == Role.MATRIX
+    assert roles[f"{p}gate_proj.in_scale.alpha"] == roles[f"{p}router.in_scale.beta"] == Role.SCALE_INPUT
+    assert roles[f"{p}gate_proj.out_scale.alpha"] == roles[f"{p}router.out_scale.alpha"] == Role.SCALE_OUTPUT
+    params = dict(model.named_parameters())
+    assert params[f"{p}gate_proj.in_scale.alpha"].shape == (32,)  # one v per branch kind, shared by the experts
+    assert params[f"{p}gate_proj.out_scale.alpha"].shape == (8, 21)  # one u per expert, logical width
+    assert params[f"{p}gate_proj.out_scale.beta"].shape == (8, 1)
+    assert params[f"{p}router.out_scale.alpha"].shape == (8,)
+    assert "layers.0.ffn_norm.scale.weight" not in params  # HG: no shared γ
+
+
+def test_router_knob_is_refused_where_it_means_nothing():
+    from config import ConfigError
+    with pytest.raises(ConfigError, match="scale.router"):
+        load_config(["configs/tiny_cpu.yaml"], ["model.scale.router=true"])
+    with pytest.raises(ConfigError, match="moe.top_k"):
+        load_config(["configs/tiny_moe.yaml"], ["model.moe.top_k=17"])
+    with pytest.raises(ConfigError, match="did you mean model.moe.n_experts"):
+        load_config(["configs/tiny_moe.yaml"], ["model.moe.n_expert=4"])
+
+
+def test_muon_orthogonalizes_each_expert_with_its_own_scale():
+    """A stacked (E, F, d) weight gets E independent Newton–Schulz updates, each scaled by 0.2·√max(F, d)."""
+    from optim.muon import update_scale, zeropower_via_newtonschulz
+    model = build_model(moe_cfg("baseline", pad_multiple=1))
+    opt = build_optimizer(model, model.param_roles(),
+                          OptimConfig(name="muon", lr=0.1, weight_decay=0.0, muon=MuonConfig(ns_dtype="float32",
+                                                                                          nesterov=False)))
+    w = model.layers[0].mlp.gate_proj.weight
+    assert any(w is q for g in opt.param_groups if g["kind"] == "muon" for q in g["params"])
+    before = w.detach().clone()
+    model(TOKENS).pow(2).mean().backward()
+    grad = w.grad.detach().clone()
+    opt.step()
+    for e in range(w.shape[0]):
+        expected = before[e] - 0.1 * update_scale(w.shape, "moonlight") * zeropower_via_newtonschulz(
+            0.05 * grad[e], dtype=torch.float32)
+        torch.testing.assert_close(w[e].detach(), expected, rtol=1e-5, atol=1e-6)
+    assert update_scale(w.shape, "moonlight") == 0.2 * 32 ** 0.5  # per expert: max(21, 32)
+
+
+@pytest.mark.gpu
+def test_grouped_gemm_matches_loop_on_cuda_bf16():
+    cfg = moe_cfg("unified", impl="loop")
+    loop = build_model(cfg, device="cuda", dtype=torch.bfloat16)
+    grouped = build_model(replace(cfg, moe=replace(cfg.moe, impl="auto")), device="cuda", dtype=torch.bfloat16)
+    grouped.load_state_dict(loop.state_dict())
+    tokens = TOKENS.cuda()
+    assert grouped.layers[0].mlp.uses_grouped(torch.zeros(1, device="cuda", dtype=torch.bfloat16))
+    a, b = loop(tokens).float(), grouped(tokens).float()
+    assert ((a - b).norm() / a.norm()).item() < 2e-2
