@@ -190,8 +190,10 @@ RESUMABLE_CHANGES = ("log.", "train.eval_every", "train.eval_tokens", "train.ckp
 
 def resume_conflicts(saved_yaml: str, cfg: RunConfig) -> list[str]:
     """Dotted keys whose value differs between a checkpoint's config and `cfg`, other than RESUMABLE_CHANGES:
-    resuming across such a change would silently continue a different experiment."""
-    saved = _flat(yaml.safe_load(saved_yaml))
+    resuming across such a change would silently continue a different experiment. A key the checkpoint's config
+    lacks (written before the key existed) counts as its default, which is what that run used."""
+    defaults = _flat(RunConfig().to_dict())
+    saved = {**defaults, **_flat(yaml.safe_load(saved_yaml))}
     current = _flat(cfg.to_dict())
     keys = sorted(set(saved) | set(current))
     return [f"{k}: {saved.get(k)!r} in the checkpoint, {current.get(k)!r} now" for k in keys

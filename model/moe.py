@@ -52,6 +52,35 @@ def _sum_over_ranks(counts: torch.Tensor) -> torch.Tensor:
     return counts
 
 
+class _Gather(torch.autograd.Function):
+    """y = x[index] where every row of x appears exactly k times in y, and row r of x's copies sit at y[back[r·k + j]],
+    j < k. The gradient is then a gather and a sum over the k copies, grad_x = grad_y[back].view(-1, k, ...).sum(1):
+    no index accumulation (autograd's own indexing backward is an index_put with accumulate: atomic on CUDA, serial
+    on CPU)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, index: torch.Tensor, back: torch.Tensor, k: int) -> torch.Tensor:
+        ctx.save_for_backward(back)
+        ctx.k = k
+        return x.index_select(0, index)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (back,) = ctx.saved_tensors
+        g = grad.index_select(0, back)
+        return (g if ctx.k == 1 else g.view(-1, ctx.k, *g.shape[1:]).sum(1)), None, None, None
+
+
+def dispatch(x: torch.Tensor, order: torch.Tensor, inverse: torch.Tensor, k: int) -> torch.Tensor:
+    """Tokens x (n, d) → their n·k slots in expert order (N, d): row i is token order[i] // k."""
+    return _Gather.apply(x, order // k, inverse, k)
+
+
+def undispatch(y: torch.Tensor, order: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+    """Rows in expert order (N, d) → slot order (N, d), slot s = token·k + choice."""
+    return _Gather.apply(y, inverse, order, 1)
+
+
 def grouped_matmul(x: torch.Tensor, weight: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """x: (N, d_in) rows sorted by expert; weight: (E, d_out, d_in); offsets: (E,) int32 end row of each expert →
     (N, d_out). One kernel for all experts; nothing leaves the device."""
@@ -107,20 +136,18 @@ class MoE(nn.Module):
         flat = experts.flatten()  # (N,), N = n·k
         order = flat.argsort(stable=True)  # (N,)
         expert_of_row = flat[order]  # (N,) non-decreasing
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(order.numel(), device=order.device)
         counts = torch.zeros(E, dtype=torch.int64, device=x.device).scatter_add_(0, flat, torch.ones_like(flat))
-        # Dispatch through an expanded copy: its backward is a permutation and a sum over k (deterministic), where
-        # x[order // k] would accumulate k gradients per token by index.
-        rows = x.unsqueeze(1).expand(n, k, self.d).reshape(n * k, self.d)[order]  # (N, d)
+        rows = dispatch(x, order, inverse, k)  # (N, d): the tokens of expert 0, then of expert 1, …
 
         matmul = self._matmul(rows, counts)
         g = self.gate_proj(rows, expert_of_row, matmul)  # (N, fp)
         u = self.up_proj(rows, expert_of_row, matmul)  # (N, fp)
         y = self.down_proj(F.silu(g) * u, expert_of_row, matmul)  # (N, d)
 
-        # Combine: back to slot order by a gather with the inverse permutation, then the weighted sum over k.
-        inverse = torch.empty_like(order)
-        inverse[order] = torch.arange(order.numel(), device=order.device)
-        y = y[inverse].view(n, k, self.d)
+        # Combine: back to slot order (the inverse permutation), then the weighted sum over k.
+        y = undispatch(y, order, inverse).view(n, k, self.d)
         out = (y * weights.unsqueeze(-1).to(y.dtype)).sum(dim=1)  # (n, d)
         if self.shared_expert is not None:
             s = self.shared_expert(x)
@@ -146,6 +173,9 @@ class MoE(nn.Module):
             return _grouped_mm is not None and x.is_cuda and x.dtype == torch.bfloat16 and aligned
         if impl == "grouped" and _grouped_mm is None:
             raise RuntimeError("model.moe.impl=grouped needs torch.nn.functional.grouped_mm (torch ≥ 2.8)")
+        if impl == "grouped" and x.is_cuda and x.dtype != torch.bfloat16:
+            raise RuntimeError(f"model.moe.impl=grouped runs in bf16 on CUDA, but the experts see {x.dtype}: use "
+                               "train.dtype=auto or bfloat16, or model.moe.impl=auto (the loop for other dtypes)")
         return impl == "grouped"
 
     def _balance(self, logits: torch.Tensor, probs: torch.Tensor, counts: torch.Tensor) -> None:

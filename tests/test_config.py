@@ -106,3 +106,16 @@ def test_every_shipped_config_loads():
 def test_resolved_yaml_round_trips():
     cfg = load_config(ROOT / "configs/dense_0.12b_unified.yaml")
     assert build_config(yaml.safe_load(cfg.to_yaml())) == cfg
+
+
+def test_resume_treats_keys_added_later_as_their_defaults():
+    """A run saved before a key existed (here model.scale.router and model.moe) resumes under the new code; a real
+    difference is still a conflict."""
+    from config import resume_conflicts
+    cfg = load_config(ROOT / "configs/tiny_cpu.yaml")
+    saved = yaml.safe_load(cfg.to_yaml())
+    del saved["model"]["scale"]["router"], saved["model"]["moe"]
+    assert resume_conflicts(yaml.safe_dump(saved), cfg) == []
+    moe = load_config(ROOT / "configs/tiny_moe.yaml")
+    assert any(c.startswith("model.moe.n_experts: None in the checkpoint, 16 now")
+               for c in resume_conflicts(yaml.safe_dump(saved), moe))

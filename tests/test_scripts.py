@@ -27,7 +27,20 @@ def test_bench_prints_every_design(capsys):
     lines = capsys.readouterr().out.splitlines()
     rows = {line.split()[0]: line.split() for line in lines[2:]}
     assert set(rows) == {"baseline", "unified"} and rows["baseline"][-1] == "1.000"
-    assert float(rows["unified"][2]) > 0  # ms/step measured
+    assert float(rows["unified"][3]) > 0  # ms/step measured
+
+
+def test_bench_compares_models(capsys):
+    """--models: an MoE against the dense model of its activated size, each with its own overrides."""
+    argv = ["--models", "configs/tiny_moe.yaml model.moe.n_experts=4 model.moe.top_k=2",
+            "configs/tiny_cpu.yaml model.d_ffn=64", "--presets", "baseline", "--steps", "2", "--warmup", "1",
+            "--vocab-size", "128", "--micro-batch", "2", "--seq-len", "16", "--device", "cpu",
+            "model.d_model=32", "model.n_layers=1", "model.n_heads=2"]
+    assert bench.main(argv) == 0
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[2:]}
+    moe, dense = rows["tiny_moe[n_experts=4][top_k=2]/baseline"], rows["tiny_cpu[d_ffn=64]/baseline"]
+    assert int(moe[1].replace(",", "")) > int(moe[2].replace(",", ""))  # total > activated
+    assert dense[1] == dense[2] and float(dense[3]) > 0
 
 
 def test_malloc_tuning_applies_on_linux():
