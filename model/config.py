@@ -87,6 +87,9 @@ class MoEConfig:
     def expert_dim(self, d_model: int) -> int:
         return self.expert_ffn if self.expert_ffn is not None else int(2 * d_model / 3)
 
+    def shared_dim(self, d_model: int) -> int:
+        return self.shared_ffn if self.shared_ffn is not None else int(8 * d_model / 3)
+
     def expert_dim_padded(self, d_model: int) -> int:
         f, m = self.expert_dim(d_model), self.pad_multiple
         return -(-f // m) * m

@@ -72,8 +72,7 @@ def ffn(cfg: ModelConfig, layout: GroupLayout) -> nn.Module:
     d, eps = cfg.d_model, cfg.norm_eps
     if cfg.moe is None:
         return MLP(d, cfg.ffn_dim, eps, layout)
-    shared_dim = cfg.moe.shared_ffn if cfg.moe.shared_ffn is not None else int(8 * d / 3)
-    shared = MLP(d, shared_dim, eps, layout) if cfg.moe.n_shared else None
+    shared = MLP(d, cfg.moe.shared_dim(d), eps, layout) if cfg.moe.n_shared else None
     return MoE(d, eps, layout, cfg.moe, router_output=cfg.scale.router, shared_expert=shared)
 
 
