@@ -119,3 +119,21 @@ def test_resume_treats_keys_added_later_as_their_defaults():
     moe = load_config(ROOT / "configs/tiny_moe.yaml")
     assert any(c.startswith("model.moe.n_experts: None in the checkpoint, 16 now")
                for c in resume_conflicts(yaml.safe_dump(saved), moe))
+
+
+def _strategy(cfg) -> tuple:
+    return (cfg.model.scale, cfg.model.gemma_norms, cfg.optim.scale_weight_decay, cfg.optim.scale_wd_alpha)
+
+
+def test_presets_state_their_whole_strategy_over_every_base():
+    """A preset layered over any shipped config resolves to the same strategy as over base.yaml: a base config's
+    own scale settings (tiny_cpu's unified IWD, say) never leak into a preset."""
+    presets = sorted((ROOT / "configs/scale").glob("*.yaml"))
+    bases = [p for p in sorted((ROOT / "configs").rglob("*.yaml")) if p.parent.name not in ("scale", "figures")]
+    assert len(presets) >= 12 and len(bases) >= 12
+    for preset in presets:
+        expected = _strategy(load_config([ROOT / "configs/base.yaml", preset]))
+        for base in bases:
+            assert _strategy(load_config([base, preset])) == expected, (base.name, preset.name)
+    hg_dnp_or = load_config([ROOT / "configs/tiny_cpu.yaml", ROOT / "configs/scale/hg_dnp_or.yaml"])
+    assert hg_dnp_or.optim.scale_weight_decay == "all"  # Fig. 5's HG+DNP+OR, not the unified strategy
