@@ -6,16 +6,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-
-def read_metrics(run: Path) -> list[dict]:
-    path = run / "metrics.jsonl"
-    if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist: is {run} a run directory?")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+from scripts.runs import read_metrics
 
 
 def series(records: list[dict], metric: str, x: str) -> tuple[list[float], list[float]]:
