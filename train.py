@@ -144,6 +144,11 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
             print(f"resumed from {latest} at step {step}")
 
     logger = RunLogger(run_dir, cfg, di.rank, t.steps, start_step=step)
+    planned = t.steps * tokens_per_step / loader.tokens_per_epoch  # passes over the training data
+    if planned > 1 and di.is_main:
+        print(f"warning: {t.steps} steps × {tokens_per_step:,} tokens read the {loader.tokens_per_epoch:,} training "
+              f"tokens of {cfg.data.dir} {planned:.2f} times; prepare more (data.max_tokens, a larger source) "
+              "for a single pass", file=sys.stderr)
     flops_per_token = model.flops_per_token(cfg.data.seq_len)
     peak = peak_flops(di.device)
     val_sets = {"val": cfg.data.dir, **{Path(p).name: p for p in cfg.data.val_sets}}  # names checked unique
@@ -197,6 +202,7 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
             # One optimizer step over the global batch, accumulated over `accum` micro-batches per rank.
             lr = lr_at(step, t.steps, cfg.optim.lr, cfg.schedule)
             set_lr(optimizer, lr)
+            epochs_before = loader.epochs_done
             sums = torch.zeros(2, device=di.device, dtype=torch.float32)  # (LM loss, MoE aux terms) over the step
             for _ in range(accum):
                 x, y = loader.next_batch()  # (micro, seq_len) int64 each
@@ -221,6 +227,10 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             moe_stats = moe_step_end(model)  # loads of all ranks → balancing bias; per-layer metrics ({} if dense)
+            repeat = max(1, math.ceil(epochs_before))  # the first epoch boundary this step may have crossed
+            if repeat < loader.epochs_done and di.is_main:
+                print(f"warning: step {step + 1} started epoch {repeat + 1} of the training data: from here on the "
+                      "run reads windows it has read before", file=sys.stderr)
             step += 1
             tokens += tokens_per_step
             window_tokens += tokens_per_step
@@ -229,7 +239,7 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
                 elapsed = time.perf_counter() - window_t0
                 tok_per_s = window_tokens / max(elapsed, 1e-9)
                 moe_record = {"aux_loss": aux_value, **moe_stats} if moe_stats else {}
-                logger.log_train(step, {"tokens": tokens, "loss": loss_value, "lr": lr,
+                logger.log_train(step, {"tokens": tokens, "epoch": loader.epochs_done, "loss": loss_value, "lr": lr,
                                         "grad_norm": float(grad_norm), "tok_per_s": tok_per_s,
                                         "mfu": mfu(flops_per_token, tok_per_s, di.world_size, peak), **moe_record})
                 window_t0, window_tokens = time.perf_counter(), 0

@@ -82,6 +82,11 @@ class TrainLoader:
         return self.n_windows * self.seq_len
 
     @property
+    def epochs_done(self) -> float:
+        """Passes over the training windows so far, across all ranks (1.0 = every window seen once)."""
+        return self.step * self.micro_batch * self.world_size / self.n_windows
+
+    @property
     def epoch(self) -> int:
         """The epoch of the next window this rank reads."""
         return int(self._positions(self.step)[0] // self.n_windows)

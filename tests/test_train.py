@@ -308,3 +308,24 @@ def test_sigterm_checkpoints_and_resumes(data_dir, tmp_path):
     assert latest_checkpoint(tmp_path / "term" / "checkpoints").name == f"step_{stopped:08d}"
     summary = train.main([*argv, "--stop-at-step", str(stopped + 1)])  # the same command continues
     assert summary["step"] == stopped + 1
+
+
+def test_epochs_are_logged_and_a_repeat_warns(tmp_path, shared_dir, capsys):
+    """A corpus smaller than the run: a warning up front, another at the step that starts epoch 2, and `epoch` in
+    every train record."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    text = (shared_dir / "data/tinyshakespeare/input.txt").read_text()
+    for i in range(3):
+        (docs / f"doc{i}.txt").write_text(text[i * 1500:(i + 1) * 1500])
+    small = DataConfig(source=str(docs), dir=str(tmp_path / "small"), tokenizer="bpe:320", seq_len=32,
+                       val_frac=0.34)
+    prepare(small)
+    argv = args_for(small, tmp_path, "repeat", "train.eval_every=100", "data.val_frac=0.34", "train.steps=10")
+    capsys.readouterr()
+    train.main(argv)
+    err = capsys.readouterr().err
+    epochs = [r["epoch"] for r in records(tmp_path / "repeat", "train")]
+    assert epochs == sorted(epochs) and epochs[0] > 0 and epochs[-1] > 1
+    first_repeat = next(i for i, e in enumerate(epochs) if e > 1) + 1  # the step that read past epoch 1
+    assert "times; prepare more" in err and f"step {first_repeat} started epoch 2" in err
