@@ -1,0 +1,43 @@
+"""scripts/sweep_lr.sh and scripts.summarize: a 2-point sweep of a few steps, its summary, and a re-run that skips
+the finished runs."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from scripts import summarize
+from test_train import data_dir  # noqa: F401 - a fixture
+
+
+def test_two_point_sweep_then_summary(data_dir, tmp_path):  # noqa: F811
+    overrides = ["model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.d_ffn=64",
+                 f"data.dir={data_dir.dir}", f"data.source={data_dir.source}", "data.tokenizer=bpe:320",
+                 "data.seq_len=32", "data.val_frac=0.2", "train.steps=3", "train.global_batch=4",
+                 "train.micro_batch=4", "train.eval_every=3", "train.eval_tokens=256", "schedule.warmup_steps=1",
+                 "log.wandb.mode=disabled", "train.device=cpu"]
+    env = {**os.environ, "OUT_DIR": str(tmp_path), "NPROC": "1", "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    cmd = ["bash", "scripts/sweep_lr.sh", "configs/tiny_cpu.yaml", "1e-3", "3e-2", "--", *overrides]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    sweep = tmp_path / "sweep-tiny_cpu"
+    assert sorted(p.name for p in sweep.iterdir()) == ["tiny_cpu-lr1e-3", "tiny_cpu-lr3e-2"]
+    rows = [line for line in out.stdout.splitlines() if line.startswith("tiny_cpu-lr")]
+    assert len(rows) == 2 and sum("← best" in r for r in rows) == 1
+    assert all("3/3" in r and "unified" in r for r in rows)
+    assert summarize.main(["--check-finished", str(sweep / "tiny_cpu-lr1e-3")]) == 0
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and again.stdout.count("finished, skipped") == 2
+    assert [line for line in again.stdout.splitlines() if line.startswith("tiny_cpu-lr")] == rows
+
+
+def test_summarize_marks_unfinished_runs(tmp_path, capsys):
+    from test_scaling_law import _fake_run
+    done = _fake_run(tmp_path, "a", "baseline", 64, tokens=1000, loss=3.0)
+    partial = _fake_run(tmp_path, "b", "hg", 64, tokens=1000, loss=2.0)
+    lines = (partial / "metrics.jsonl").read_text().splitlines()
+    (partial / "metrics.jsonl").write_text(lines[0] + "\n" + lines[1].replace('"step": 10', '"step": 5') + "\n")
+    assert summarize.main([str(done), str(partial), str(tmp_path / "missing")]) == 0
+    out = capsys.readouterr().out
+    assert "a " in out and "← best" in out.splitlines()[1] and "(unfinished)" in out.splitlines()[2]
+    assert summarize.main(["--check-finished", str(partial)]) == 1
