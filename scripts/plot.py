@@ -54,3 +54,85 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ------------------------------------------------------------------------------------------------ paper figures
+
+def _mean_curve(runs, metric: str = "val_loss") -> tuple[list[float], list[list[float]]]:
+    """Token points shared by every seed, and each seed's values there."""
+    curves = [dict(zip(*series(r.records, metric, "tokens"))) for r in runs]
+    xs = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+    return xs, [[c[x] for x in xs] for c in curves]
+
+
+def _stats(values: list[float]) -> tuple[float, float]:
+    mean = sum(values) / len(values)
+    sd = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else 0.0
+    return mean, sd
+
+
+def terminal_table(figure, runs: dict) -> str:
+    """Markdown: per panel and curve, the final val loss (mean ± sd over seeds) and its delta to the panel's
+    reference, paired by seed (seeds in the same order)."""
+    lines = [f"## Fig. {figure.number}: {figure.title}", "",
+             "| panel | curve | seeds | final val loss | Δ vs reference |", "|---|---|---|---|---|"]
+    for panel in figure.panels:
+        ref = [r.final_val_loss for r in runs[panel.curves[0]]]
+        for curve in panel.curves:
+            final = [r.final_val_loss for r in runs[curve]]
+            m, sd = _stats(final)
+            if curve == panel.curves[0]:
+                delta = "(reference)"
+            else:
+                dm, dsd = _stats([a - b for a, b in zip(final, ref)])
+                delta = f"{dm:+.4f} ± {dsd:.4f}"
+            lines.append(f"| {panel.title} | {curve} | {len(final)} | {m:.4f} ± {sd:.4f} | {delta} |")
+    return "\n".join(lines) + "\n"
+
+
+def draw_figure(figure, runs: dict, out_dir: Path) -> list[Path]:
+    """A figure in the paper's arrangement, one row per panel: validation loss against tokens (left) and its Δ to
+    the panel's reference (right, as Figs. 1 and 5), each curve the mean over seeds with a min–max band. `runs` maps
+    each of the figure's run names to its Run objects (one per seed). Writes PNG, SVG and the terminal table."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = figure.panels
+    fig, axes = plt.subplots(len(panels), 2, figsize=(11, 3.6 * len(panels)), squeeze=False)
+    for row, panel in zip(axes, panels):
+        ref_x, ref_ys = _mean_curve(runs[panel.curves[0]])
+        for curve in panel.curves:
+            xs, ys = _mean_curve(runs[curve])
+            mean = [sum(col) / len(col) for col in zip(*ys)]
+            line = row[0].plot(xs, mean, label=curve)[0]
+            if len(ys) > 1:
+                row[0].fill_between(xs, [min(c) for c in zip(*ys)], [max(c) for c in zip(*ys)],
+                                    color=line.get_color(), alpha=0.2)
+            shared = [i for i, x in enumerate(xs) if x in set(ref_x)]
+            where = {x: j for j, x in enumerate(ref_x)}
+            deltas = [[y[i] - r[where[xs[i]]] for i in shared] for y, r in zip(ys, ref_ys)]
+            dx = [xs[i] for i in shared]
+            dmean = [sum(col) / len(col) for col in zip(*deltas)]
+            row[1].plot(dx, dmean, color=line.get_color(), label=curve)
+            if len(deltas) > 1:
+                row[1].fill_between(dx, [min(c) for c in zip(*deltas)], [max(c) for c in zip(*deltas)],
+                                    color=line.get_color(), alpha=0.2)
+        row[0].set_title(f"Fig. {figure.number} — {panel.title}", fontsize=10)
+        row[1].set_title(f"Δ val loss vs {panel.curves[0]}", fontsize=10)
+        row[1].axhline(0.0, color="gray", lw=0.8)
+        for ax in row:
+            ax.set_xlabel("tokens")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        row[0].set_ylabel("validation loss")
+    fig.tight_layout()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"fig{figure.number}.png", out_dir / f"fig{figure.number}.svg"]
+    for path in paths:
+        fig.savefig(path, dpi=120)
+    plt.close(fig)
+    table = out_dir / f"fig{figure.number}_terminal.md"
+    table.write_text(terminal_table(figure, runs))
+    print(table.read_text())
+    return [*paths, table]

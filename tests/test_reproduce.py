@@ -1,0 +1,58 @@
+"""scripts.reproduce: every figure's paper-scale commands load; a tiny-scale figure runs end to end, resumes by
+skipping what is done, and draws its panels and terminal table."""
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from config import load_config
+from scripts import reproduce
+from scripts.figures import FIGURES
+from test_train import data_dir  # noqa: F401 - a fixture
+
+
+@pytest.mark.parametrize("fig", ["1", "3", "5", "6", "7", "8", "9", "10"])
+def test_paper_dry_run_prints_loadable_commands(fig, capsys, monkeypatch):
+    monkeypatch.setenv("NPROC", "8")
+    assert reproduce.main([fig, "--scale", "paper", "--dry-run"]) == 0
+    commands = [shlex.split(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(commands) == len(FIGURES[fig].runs)
+    names = set()
+    for cmd in commands:
+        assert cmd[:3] == ["torchrun", "--nproc_per_node=8", "train.py"]
+        cfg = load_config([b for a, b in zip(cmd, cmd[1:]) if a == "--config"], [a for a in cmd if "=" in a[1:]
+                                                                                   and not a.startswith("--")])
+        names.add(cfg.log.run_name)
+    assert len(names) == len(commands)
+
+
+def test_tiny_figure_end_to_end(data_dir, tmp_path, capsys, monkeypatch):  # noqa: F811
+    """Each run as `python train.py …`, here called in-process (a subprocess per run costs seconds of imports;
+    tests/test_sweep.py runs train.py as a subprocess)."""
+    import sys
+
+    import train
+
+    def run_in_process(cmd):
+        assert cmd[:2] == [sys.executable, "train.py"]
+        train.main(cmd[2:])
+        return 0
+
+    monkeypatch.setattr(reproduce, "launch", run_in_process)
+    overrides = [f"data.dir={data_dir.dir}", f"data.source={data_dir.source}", "data.tokenizer=bpe:320",
+                 "data.seq_len=32", "data.val_frac=0.2", "model.d_model=32", "model.n_heads=2", "model.n_layers=1",
+                 "train.steps=2", "train.global_batch=4", "train.micro_batch=4", "train.eval_every=1",
+                 "train.eval_tokens=256", "schedule.warmup_steps=1", "log.wandb.mode=disabled", "train.device=cpu"]
+    argv = ["10", "--scale", "tiny", "--seeds", "2", "--out-dir", str(tmp_path), "--", *overrides]
+    assert reproduce.main(argv) == 0
+    out = capsys.readouterr().out
+    for run in ("baseline", "llama_large", "unified"):
+        for seed in (0, 1):
+            assert (tmp_path / f"fig10-{run}-tiny-s{seed}" / "metrics.jsonl").exists()
+    plots = tmp_path / "fig10-tiny"
+    assert (plots / "fig10.png").stat().st_size > 1000 and (plots / "fig10.svg").exists()
+    table = (plots / "fig10_terminal.md").read_text()
+    assert "| parameter count | unified | 2 |" in table and "(reference)" in table and " ± " in table
+    assert reproduce.main(argv) == 0  # the same command again: everything is done
+    assert capsys.readouterr().out.count("finished, skipped") == 6
