@@ -75,3 +75,19 @@ def test_settings_the_paper_states():
     assert wsd.schedule.name == "wsd" and wsd.schedule.decay_frac == 0.2 and wsd.optim.lr == 2e-3
     assert cfg_of("9", "0.12b_unified").optim.lr == 3e-3
     assert cfg_of("7", "0.5b_unified").model.d_model == 768  # Table 5's 748 is a typo
+
+
+SAMPLE_TOKENS = {"sample-10BT": 10e9, "sample-100BT": 100e9, "sample-350BT": 350e9}  # GPT-2 tokens (dataset card)
+
+
+def test_paper_scale_runs_read_their_data_once():
+    """Every paper-scale config prepares enough tokens for its steps (with 1 % to spare: shard ends cost a few
+    windows), from a fineweb-edu sample that holds them."""
+    root = FIGURES_DIR.parent
+    paths = [*root.glob("dense/*.yaml"), *root.glob("moe/*.yaml"), *FIGURES_DIR.rglob("*.yaml")]
+    assert len(paths) == 65
+    for path in paths:
+        cfg = load_config(path)
+        planned = cfg.train.steps * cfg.train.global_batch * cfg.data.seq_len
+        sample = cfg.data.source.rsplit(":", 1)[-1]
+        assert 1.01 * planned <= cfg.data.max_tokens <= SAMPLE_TOKENS[sample], path
