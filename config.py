@@ -7,13 +7,14 @@ violated invariant names the dotted key — one `ConfigError`, never a traceback
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import difflib
+import hashlib
 import math
 import re
 import types
 import typing
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -218,6 +219,42 @@ def default_run_name(config_paths: list, overrides: list[str]) -> str:
     if relevant:
         name += "-" + hashlib.sha1(" ".join(relevant).encode()).hexdigest()[:6]
     return name
+
+
+# ------------------------------------------------------------------------------------------------ strategies
+
+SCALE_PRESETS = Path(__file__).resolve().parent / "configs" / "scale"
+
+
+def strategy_of(cfg: RunConfig) -> tuple:
+    """What a scale-vector preset decides (configs/scale/*.yaml state all of it)."""
+    return cfg.model.scale, cfg.model.gemma_norms, cfg.optim.scale_weight_decay, cfg.optim.scale_wd_alpha
+
+
+@lru_cache(maxsize=1)
+def _presets() -> dict[tuple, str]:
+    base = SCALE_PRESETS.parent / "base.yaml"
+    out: dict[tuple, str] = {}
+    for path in sorted(SCALE_PRESETS.glob("*.yaml")):
+        out.setdefault(_key(strategy_of(load_config([base, path]))), path.stem)
+    return out
+
+
+def _key(strategy: tuple) -> str:
+    return repr(strategy)  # dataclasses of plain values: their repr is a faithful, hashable key
+
+
+def strategy_name(cfg: RunConfig) -> str:
+    """The preset whose strategy the run used (`unified`, `baseline`, …), or "custom"."""
+    return _presets().get(_key(strategy_of(cfg)), "custom")
+
+
+def run_tags(cfg: RunConfig) -> list[str]:
+    """wandb tags of a run: the config's own (figure, size, …) and what sets its curve apart — the strategy, the
+    optimizer, the schedule, the peak lr and the seed — so a sweep or a seed of a figure needs no hand-written tags."""
+    derived = [strategy_name(cfg), f"optim:{cfg.optim.name}", f"schedule:{cfg.schedule.name}",
+               f"lr:{cfg.optim.lr:g}", f"seed:{cfg.train.seed}"] + (["moe"] if cfg.model.moe is not None else [])
+    return list(dict.fromkeys([*cfg.log.wandb.tags, *derived]))
 
 
 # ----------------------------------------------------------------------------------------------------- loading

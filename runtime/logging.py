@@ -282,8 +282,9 @@ class RunLogger:
         try:
             import wandb
 
+            from config import run_tags
             self._wandb = wandb.init(
-                project=w.project, group=w.group, tags=list(w.tags) or None,
+                project=w.project, group=w.group, tags=run_tags(cfg),
                 name=cfg.log.run_name or self.run_dir.name, dir=str(self.run_dir), id=wandb_run_id(self.run_dir),
                 resume="allow", mode=mode, config=cfg.to_dict(),
             )

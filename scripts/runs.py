@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Optional
 
-from config import RunConfig, load_config
-
-SCALE_PRESETS = Path(__file__).resolve().parent.parent / "configs" / "scale"
+from config import RunConfig, load_config, strategy_name
 
 
 def read_metrics(run: Path) -> list[dict]:
@@ -21,29 +18,6 @@ def read_metrics(run: Path) -> list[dict]:
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist: is {run} a run directory?")
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def strategy_of(cfg: RunConfig) -> tuple:
-    """What a scale-vector preset decides (configs/scale/*.yaml state all of it)."""
-    return cfg.model.scale, cfg.model.gemma_norms, cfg.optim.scale_weight_decay, cfg.optim.scale_wd_alpha
-
-
-@lru_cache(maxsize=1)
-def _presets() -> dict[tuple, str]:
-    base = SCALE_PRESETS.parent / "base.yaml"
-    out: dict[tuple, str] = {}
-    for path in sorted(SCALE_PRESETS.glob("*.yaml")):
-        out.setdefault(_key(strategy_of(load_config([base, path]))), path.stem)
-    return out
-
-
-def _key(strategy: tuple) -> str:
-    return repr(strategy)  # dataclasses of plain values: their repr is a faithful, hashable key
-
-
-def strategy_name(cfg: RunConfig) -> str:
-    """The preset whose strategy the run used (`unified`, `baseline`, …), or "custom"."""
-    return _presets().get(_key(strategy_of(cfg)), "custom")
 
 
 @dataclass

@@ -121,19 +121,25 @@ def test_resume_treats_keys_added_later_as_their_defaults():
                for c in resume_conflicts(yaml.safe_dump(saved), moe))
 
 
-def _strategy(cfg) -> tuple:
-    return (cfg.model.scale, cfg.model.gemma_norms, cfg.optim.scale_weight_decay, cfg.optim.scale_wd_alpha)
-
-
 def test_presets_state_their_whole_strategy_over_every_base():
     """A preset layered over any shipped config resolves to the same strategy as over base.yaml: a base config's
     own scale settings (tiny_cpu's unified IWD, say) never leak into a preset."""
+    from config import strategy_of
     presets = sorted((ROOT / "configs/scale").glob("*.yaml"))
     bases = [p for p in sorted((ROOT / "configs").rglob("*.yaml")) if p.parent.name not in ("scale", "figures")]
     assert len(presets) >= 12 and len(bases) >= 12
     for preset in presets:
-        expected = _strategy(load_config([ROOT / "configs/base.yaml", preset]))
+        expected = strategy_of(load_config([ROOT / "configs/base.yaml", preset]))
         for base in bases:
-            assert _strategy(load_config([base, preset])) == expected, (base.name, preset.name)
+            assert strategy_of(load_config([base, preset])) == expected, (base.name, preset.name)
     hg_dnp_or = load_config([ROOT / "configs/tiny_cpu.yaml", ROOT / "configs/scale/hg_dnp_or.yaml"])
     assert hg_dnp_or.optim.scale_weight_decay == "all"  # Fig. 5's HG+DNP+OR, not the unified strategy
+
+
+def test_run_tags_name_what_sets_a_curve_apart():
+    from config import run_tags
+    cfg = load_config([ROOT / "configs/figures/fig5/hg_dp.yaml"], ["optim.lr=2e-3", "train.seed=3"])
+    tags = run_tags(cfg)
+    assert tags[0] == "fig5" and {"hg_dp", "optim:adamw", "schedule:cosine", "lr:0.002", "seed:3"} <= set(tags)
+    assert "moe" in run_tags(load_config(ROOT / "configs/figures/fig7/0.5b_unified.yaml"))
+    assert "custom" in run_tags(load_config(ROOT / "configs/tiny_cpu.yaml", ["model.scale.reparam=er"]))

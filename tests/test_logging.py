@@ -209,8 +209,8 @@ def test_wandb_init_arguments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
             log.log_train(start + 1, _train(start + 1))
     first, second = calls
     assert first["mode"] == "offline" and first["resume"] == "allow" and first["dir"] == str(tmp_path)
-    assert (first["project"], first["group"], first["name"], first["tags"]) == ("scalevec", "sweep1", "test-run",
-                                                                               ["a", "b"])
+    assert (first["project"], first["group"], first["name"]) == ("scalevec", "sweep1", "test-run")
+    assert first["tags"][:2] == ["a", "b"] and "lr:0.004" in first["tags"]  # the config's, then the derived ones
     assert first["id"] == second["id"] == (tmp_path / "wandb_id.txt").read_text().strip()
     assert run.logged[0]["step"] == 1 and "kind" not in run.logged[0]
     calls.clear()
