@@ -36,6 +36,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                                                      f"Default: {DEFAULT_CONFIG.relative_to(DEFAULT_CONFIG.parents[1])}")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("--dry-run", action="store_true", help="build the model, print its parameter breakdown, exit")
+    p.add_argument("--print-run-dir", action="store_true", help="print the run directory this command uses and exit")
     p.add_argument("--stop-at-step", type=int, metavar="K",
                    help="checkpoint and exit after step K (the schedule still spans train.steps); "
                         "run the same command again to continue")
@@ -59,6 +60,9 @@ def main(argv: Optional[list[str]] = None) -> dict:
         return {}
     run_name = cfg.log.run_name or default_run_name(config_paths, args.overrides)
     cfg = dataclasses.replace(cfg, log=dataclasses.replace(cfg.log, run_name=run_name))
+    if args.print_run_dir:
+        print(Path(cfg.log.out_dir) / run_name)
+        return {}
 
     # ---- distributed: nccl on CUDA, gloo on CPU; a one-rank group for a plain `python train.py`
     from runtime.dist import init_distributed, shutdown

@@ -41,3 +41,30 @@ def test_summarize_marks_unfinished_runs(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "a " in out and "← best" in out.splitlines()[1] and "(unfinished)" in out.splitlines()[2]
     assert summarize.main(["--check-finished", str(partial)]) == 1
+
+
+def test_slurm_script_launches_torchrun_per_node_and_requeues_an_unfinished_run(tmp_path):
+    """scripts/slurm.sbatch against stand-in srun/scontrol/torchrun: the c10d rendezvous on the first node, the
+    config and overrides passed through, and a requeue because the run has not reached train.steps."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "calls.txt"
+    stubs = {
+        "srun": 'shift; exec "$@"',  # drop --kill-on-bad-exit, run the command on "this node"
+        "torchrun": f'echo "torchrun $*" >> {log}',
+        "scontrol": f'if [[ $1 == show ]]; then printf "node7\\nnode8\\n"; else echo "scontrol $*" >> {log}; fi',
+        "python": f'exec {sys.executable} "$@"',
+    }
+    for name, body in stubs.items():
+        (bin_dir / name).write_text(f"#!/usr/bin/env bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node[7-8]",
+           "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_ID": "42", "SLURM_SUBMIT_DIR": os.getcwd()}
+    out = subprocess.run(["bash", "scripts/slurm.sbatch", "configs/figures/fig5/hg.yaml", f"log.out_dir={tmp_path}"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    calls = log.read_text().splitlines()
+    assert calls[0] == ("torchrun --nnodes=2 --nproc_per_node=8 --rdzv-id=42 --rdzv-backend=c10d "
+                        f"--rdzv-endpoint=node7:29500 train.py --config configs/figures/fig5/hg.yaml "
+                        f"log.out_dir={tmp_path}")
+    assert calls[1] == "scontrol requeue 42" and f"{tmp_path}/fig5-hg has not reached" in out.stdout
