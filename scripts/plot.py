@@ -2,6 +2,9 @@
 
     python -m scripts.plot runs/tiny_cpu --out docs/img/tiny_cpu.png
     python -m scripts.plot runs/a runs/b --metric val_loss --x tokens --delta-to runs/a --out cmp.png
+
+A whole figure of the paper (panels, Δ to each panel's reference, seed bands, terminal table) is drawn by
+`python -m scripts.reproduce FIG` (add --plot-only to draw finished runs without running anything).
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--metric", action="append", help="metric(s) to plot (default: loss and val_loss)")
     p.add_argument("--x", default="tokens", choices=["tokens", "step"])
     p.add_argument("--delta-to", type=Path, help="plot each run's metric minus this run's (on shared x values)")
+    p.add_argument("--log-x", action="store_true", help="x on a log axis")
     p.add_argument("--out", type=Path, required=True, help="output image (png/pdf/svg)")
     args = p.parse_args(argv)
     import matplotlib
@@ -42,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
             ax.plot(xs, ys, label=f"{run.name} {metric}", marker="o" if metric.startswith("val") else None,
                     markersize=3)
     ax.set_xlabel(args.x)
+    if args.log_x:
+        ax.set_xscale("log")
     ax.set_ylabel("Δ loss" if ref is not None else "loss")
     ax.grid(alpha=0.3)
     ax.legend()
@@ -90,7 +96,7 @@ def terminal_table(figure, runs: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def draw_figure(figure, runs: dict, out_dir: Path) -> list[Path]:
+def draw_figure(figure, runs: dict, out_dir: Path, log_x: bool = False) -> list[Path]:
     """A figure in the paper's arrangement, one row per panel: validation loss against tokens (left) and its Δ to
     the panel's reference (right, as Figs. 1 and 5), each curve the mean over seeds with a min–max band. `runs` maps
     each of the figure's run names to its Run objects (one per seed). Writes PNG, SVG and the terminal table."""
@@ -123,6 +129,8 @@ def draw_figure(figure, runs: dict, out_dir: Path) -> list[Path]:
         row[1].axhline(0.0, color="gray", lw=0.8)
         for ax in row:
             ax.set_xlabel("tokens")
+            if log_x:
+                ax.set_xscale("log")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
         row[0].set_ylabel("validation loss")

@@ -79,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out-dir", default="runs", help="parent of the run directories")
     p.add_argument("--plot-dir", type=Path, help="where the figure goes (default: <out-dir>/fig<N>[-tiny])")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    p.add_argument("--plot-only", action="store_true", help="draw the figure from the runs as they are, run nothing")
+    p.add_argument("--log-x", action="store_true", help="tokens on a log axis")
     p.add_argument("overrides", nargs="*", help="key=value overrides for every run (after --)")
     args = p.parse_intermixed_args(argv)
     if args.seeds < 1:
@@ -100,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from scripts.runs import load_run
-    for i, job in enumerate(todo, 1):
+    for i, job in enumerate([] if args.plot_only else todo, 1):
         run_dir = Path(args.out_dir) / job.run_name
         if (run_dir / "config.yaml").exists() and load_run(run_dir).finished:
             print(f"[{i}/{len(todo)}] {job.run_name}: finished, skipped")
@@ -115,9 +117,13 @@ def main(argv: list[str] | None = None) -> int:
     from scripts.plot import draw_figure
     runs = {}
     for job in todo:
-        runs.setdefault(job.run, []).append(load_run(Path(args.out_dir) / job.run_name))
+        try:
+            runs.setdefault(job.run, []).append(load_run(Path(args.out_dir) / job.run_name))
+        except FileNotFoundError as e:
+            print(f"error: {e} (run the same command without --plot-only first)", file=sys.stderr)
+            return 2
     plot_dir = args.plot_dir or Path(args.out_dir) / (f"fig{fig.number}" + ("-tiny" if args.scale == "tiny" else ""))
-    for path in draw_figure(fig, runs, plot_dir):
+    for path in draw_figure(fig, runs, plot_dir, log_x=args.log_x):
         print(f"wrote {path}")
     return 0
 

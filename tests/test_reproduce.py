@@ -12,18 +12,23 @@ from scripts.figures import FIGURES
 from test_train import data_dir  # noqa: F401 - a fixture
 
 
+@pytest.mark.parametrize("scale", ["paper", "tiny"])
 @pytest.mark.parametrize("fig", ["1", "3", "5", "6", "7", "8", "9", "10"])
-def test_paper_dry_run_prints_loadable_commands(fig, capsys, monkeypatch):
+def test_dry_run_prints_loadable_commands(fig, scale, capsys, monkeypatch):
     monkeypatch.setenv("NPROC", "8")
-    assert reproduce.main([fig, "--scale", "paper", "--dry-run"]) == 0
+    assert reproduce.main([fig, "--scale", scale, "--dry-run"]) == 0
     commands = [shlex.split(line) for line in capsys.readouterr().out.splitlines()]
     assert len(commands) == len(FIGURES[fig].runs)
     names = set()
     for cmd in commands:
-        assert cmd[:3] == ["torchrun", "--nproc_per_node=8", "train.py"]
+        launcher = ["torchrun", "--nproc_per_node=8", "train.py"] if scale == "paper" else ["python", "train.py"]
+        assert cmd[:len(launcher)] == launcher
         cfg = load_config([b for a, b in zip(cmd, cmd[1:]) if a == "--config"], [a for a in cmd if "=" in a[1:]
                                                                                    and not a.startswith("--")])
         names.add(cfg.log.run_name)
+        if scale == "tiny":  # the built-in corpus, a proxy width, 1.2 % of the steps
+            assert cfg.data.source == "builtin:pd_english" and cfg.data.max_tokens is None
+            assert 128 <= cfg.model.d_model <= 640 and cfg.train.steps < 1000 and cfg.log.wandb.group.endswith("-tiny")
     assert len(names) == len(commands)
 
 
@@ -56,3 +61,7 @@ def test_tiny_figure_end_to_end(data_dir, tmp_path, capsys, monkeypatch):  # noq
     assert "| parameter count | unified | 2 |" in table and "(reference)" in table and " ± " in table
     assert reproduce.main(argv) == 0  # the same command again: everything is done
     assert capsys.readouterr().out.count("finished, skipped") == 6
+    assert reproduce.main([*argv[:-len(overrides) - 1], "--plot-only", "--log-x", "--", *overrides]) == 0
+    assert "finished, skipped" not in capsys.readouterr().out
+    assert reproduce.main(["10", "--plot-only", "--out-dir", str(tmp_path / "none")]) == 2  # nothing has run
+    assert "without --plot-only first" in capsys.readouterr().err
