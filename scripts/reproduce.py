@@ -49,14 +49,22 @@ def jobs(fig: Figure, scale: str, seeds: int, out_dir: str, overrides: list[str]
             argv = ["--config", str(path)]
             extra = [f"log.out_dir={out_dir}", f"log.run_name={name}"]
             if scale == "tiny":
-                d = max(128, 64 * round(cfg.model.d_model / 3 / 64))
-                steps = max(30, round(cfg.train.steps * TINY_STEP_FRACTION))
                 argv += ["--config", str(TINY)]
-                extra += [f"model.d_model={d}", f"model.n_heads={d // 64}", f"train.steps={steps}",
-                          f"log.wandb.group=fig{fig.number}-tiny"]
+                extra += [*tiny_sizes(cfg), f"log.wandb.group=fig{fig.number}-tiny"]
             if seeds > 1:
                 extra.append(f"train.seed={seed}")
             out.append(Job(run, seed, name, argv + extra + list(overrides)))
+    return out
+
+
+def tiny_sizes(cfg) -> list[str]:
+    """The proxy's width, heads and steps for a paper run; a d_ffn the run sets keeps its offset from the default
+    int(8d/3) (Fig. 10's Llama-large: + 8)."""
+    d = max(128, 64 * round(cfg.model.d_model / 3 / 64))
+    out = [f"model.d_model={d}", f"model.n_heads={d // 64}",
+           f"train.steps={max(30, round(cfg.train.steps * TINY_STEP_FRACTION))}"]
+    if cfg.model.d_ffn is not None:
+        out.append(f"model.d_ffn={int(8 * d / 3) + cfg.model.d_ffn - int(8 * cfg.model.d_model / 3)}")
     return out
 
 

@@ -29,6 +29,7 @@ def test_dry_run_prints_loadable_commands(fig, scale, capsys, monkeypatch):
         if scale == "tiny":  # the built-in corpus, a proxy width, 1.2 % of the steps
             assert cfg.data.source == "builtin:pd_english" and cfg.data.max_tokens is None
             assert 128 <= cfg.model.d_model <= 640 and cfg.train.steps < 1000 and cfg.log.wandb.group.endswith("-tiny")
+            assert cfg.model.ffn_dim - int(8 * cfg.model.d_model / 3) in (0, 8)  # Fig. 10's Llama-large: + 8
     assert len(names) == len(commands)
 
 
