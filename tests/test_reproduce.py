@@ -53,6 +53,7 @@ def test_tiny_figure_end_to_end(data_dir, tmp_path, capsys, monkeypatch):  # noq
     argv = ["10", "--scale", "tiny", "--seeds", "2", "--out-dir", str(tmp_path), "--", *overrides]
     assert reproduce.main(argv) == 0
     out = capsys.readouterr().out
+    assert "[6/6] fig10-unified-tiny-s1" in out and "| parameter count | unified | 2 |" in out  # progress, table
     for run in ("baseline", "llama_large", "unified"):
         for seed in (0, 1):
             assert (tmp_path / f"fig10-{run}-tiny-s{seed}" / "metrics.jsonl").exists()
