@@ -54,9 +54,9 @@ def main(argv: Optional[list[str]] = None) -> dict:
         return {}
     if args.dry_run:  # the model only: no data, no process group
         from model.llama import Llama
-        from scripts.inspect_model import print_breakdown
+        from model.summary import format_breakdown
         with torch.device("meta"):
-            print_breakdown(Llama(resolve_vocab(cfg)), cfg.data.seq_len)
+            print(format_breakdown(Llama(resolve_vocab(cfg)), cfg.data.seq_len))
         return {}
     run_name = cfg.log.run_name or default_run_name(config_paths, args.overrides)
     cfg = dataclasses.replace(cfg, log=dataclasses.replace(cfg.log, run_name=run_name))
@@ -84,13 +84,12 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
 
     from data.loader import TrainLoader, read_meta, val_batches
     from data.prepare import ensure_prepared
-    from model.llama import Llama
-    from optim import build_optimizer, clip_grad_norm, lr_at, set_lr
+    from optim import clip_grad_norm, lr_at, set_lr
+    from runtime.build import build_training_model
     from runtime.checkpoint import latest_checkpoint, load_checkpoint, load_extra, save_checkpoint
     from runtime.logging import RunLogger, git_commit
     from runtime.metrics import mfu, peak_flops
     from runtime.moe import moe_step_end
-    from runtime.parallel import resolve_dtype, shard_model
     from runtime.telemetry import scale_telemetry
 
     t = cfg.train
@@ -117,18 +116,9 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
     accum = t.global_batch // per_step
     tokens_per_step = t.global_batch * cfg.data.seq_len
 
-    # ---- model: build on meta → shard (FSDP2) → materialize → one init
-    with torch.device("meta"):
-        model = Llama(cfg.model)
-    roles = model.param_roles()
-    compute_dtype = resolve_dtype(t.dtype, di.device)
-    shard_model(model, compute_dtype, di.device)
-    model.to_empty(device=di.device)
-    model.init_weights(t.seed)
-    if t.compile:
-        for block in model.layers:
-            block.compile()  # in place: parameter names (and so roles, checkpoints) are unchanged
-    optimizer = build_optimizer(model, roles, cfg.optim, fused=di.device.type == "cuda")
+    # ---- model: build on meta → shard (FSDP2) → materialize → one init → compile blocks → optimizer
+    built = build_training_model(cfg, di.device)
+    model, optimizer = built.model, built.optimizer
     loader = TrainLoader(cfg.data.dir, cfg.data.seq_len, t.micro_batch, di.rank, di.world_size, t.seed)
 
     # ---- resume: the same command in the same run dir continues from the newest complete checkpoint

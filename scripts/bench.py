@@ -25,22 +25,6 @@ import torch
 from config import load_config
 
 
-def build(cfg, device: torch.device, compile_blocks: bool):
-    from model.llama import Llama
-    from optim import build_optimizer
-    from runtime.parallel import resolve_dtype, shard_model
-    with torch.device("meta"):
-        model = Llama(cfg.model)
-    roles = model.param_roles()
-    shard_model(model, resolve_dtype(cfg.train.dtype, device), device)
-    model.to_empty(device=device)
-    model.init_weights(0)
-    if compile_blocks:
-        for block in model.layers:
-            block.compile()
-    return model, build_optimizer(model, roles, cfg.optim, fused=device.type == "cuda")
-
-
 def resident_bytes(model, optimizer) -> int:
     """Bytes a design holds between steps: its parameters and optimizer state (local shards)."""
     from torch.distributed.tensor import DTensor
@@ -87,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from model.llama import Llama
+    from runtime.build import build_training_model
     from runtime.dist import init_distributed, shutdown
     from runtime.metrics import mfu, peak_flops
     di = init_distributed(args.device)
@@ -104,8 +89,10 @@ def main(argv: list[str] | None = None) -> int:
             for preset in args.presets:
                 cfg = load_config([*paths, f"configs/scale/{preset}.yaml"], [*model_overrides, *args.overrides])
                 vocab = args.vocab_size or cfg.model.vocab_size or 8192
-                cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab))
-                model, opt = build(cfg, di.device, args.compile)
+                cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab),
+                                          train=dataclasses.replace(cfg.train, compile=args.compile, seed=0))
+                built = build_training_model(cfg, di.device)
+                model, opt = built.model, built.optimizer
                 runs.append((f"{label}/{preset}" if label else preset, cfg, model, opt))
         B = args.micro_batch or runs[0][1].train.micro_batch
         T = args.seq_len or runs[0][1].data.seq_len

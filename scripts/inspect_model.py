@@ -12,40 +12,7 @@ import torch
 
 from config import ConfigError, load_config, resolve_vocab
 from model.llama import Llama
-
-
-def breakdown(model: Llama, seq_len: int) -> dict:
-    by_role = model.params_by_role()
-    scale = by_role["scale_input"] + by_role["scale_output"]
-    return {
-        "total_params": model.num_params(),
-        "non_embedding_params": model.num_params(exclude_embedding=True),
-        "activated_params": model.activated_params(),  # one token's parameters (MoE: top-k routed experts)
-        "scale_params": scale,
-        "scale_fraction": scale / model.num_params(),
-        "by_role": by_role,
-        "n_scale_vectors": sum(1 for _ in model.scale_vectors()),
-        "vocab_size": model.cfg.vocab_size,
-        "seq_len": seq_len,
-        "flops_per_token": model.flops_per_token(seq_len),
-        "scale": vars(model.cfg.scale) | {"gemma_norms": model.cfg.gemma_norms},
-        "moe": None if model.cfg.moe is None else vars(model.cfg.moe),
-    }
-
-
-def print_breakdown(model: Llama, seq_len: int) -> None:
-    info = breakdown(model, seq_len)
-    print(f"total params          {info['total_params']:>15,}")
-    print(f"non-embedding params  {info['non_embedding_params']:>15,}")
-    if info["moe"] is not None:
-        print(f"activated params      {info['activated_params']:>15,}  (one token: shared expert + top-"
-              f"{info['moe']['top_k']} of {info['moe']['n_experts']} routed experts + the rest)")
-    print(f"scale-vector params   {info['scale_params']:>15,}  ({info['scale_fraction']:.3e} of total, "
-          f"{info['n_scale_vectors']} vectors)")
-    for role, n in info["by_role"].items():
-        print(f"  {role:<20}{n:>15,}")
-    print(f"training FLOPs/token  {info['flops_per_token']:>15,}  (6N + attention at seq_len {info['seq_len']}; "
-          "N = activated non-embedding params)")
+from model.summary import breakdown, format_breakdown
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(breakdown(model, cfg.data.seq_len), indent=2))
     else:
-        print_breakdown(model, cfg.data.seq_len)
+        print(format_breakdown(model, cfg.data.seq_len))
     return 0
 
 
