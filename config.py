@@ -94,6 +94,9 @@ class TrainConfig:
     # On CPU, keep freed activations in glibc's heap instead of unmapping them every step (runtime/cpu.py): the
     # same numbers, fewer page faults. Off: the allocator's defaults.
     cpu_malloc_tuning: bool = True
+    # The fused LM head + loss (model/loss.py) runs over chunks of this many tokens, so the (tokens, vocab) fp32
+    # logits of a whole micro-batch never exist at once; 0 = the plain path (full logits, then cross-entropy).
+    loss_chunk_tokens: int = 4096
 
 
 @dataclass
@@ -128,6 +131,8 @@ class RunConfig:
         for key in ("steps", "global_batch", "micro_batch", "eval_every", "eval_tokens", "ckpt_every", "keep_ckpts"):
             if getattr(t, key) <= 0:
                 bad.append((f"train.{key}", "must be positive"))
+        if t.loss_chunk_tokens < 0:
+            bad.append(("train.loss_chunk_tokens", "must be ≥ 0 (0 = the plain, unfused LM head + loss)"))
         if t.micro_batch > 0 and t.global_batch % t.micro_batch:
             bad.append(("train.global_batch", f"{t.global_batch} is not a multiple of micro_batch={t.micro_batch}"))
         o, s = self.optim, self.schedule

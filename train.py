@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch.distributed.fsdp import FSDPModule
 
 from config import ConfigError, RunConfig, default_run_name, load_config, resolve_vocab, resume_conflicts
@@ -158,7 +157,7 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
                                         t.eval_tokens):
                     x, y = x.to(di.device), y.to(di.device)
                     rows = total.new_tensor(float(x.shape[0]))  # the last batch may be smaller
-                    total += torch.stack([cross_entropy(model(x), y).double() * rows, rows])
+                    total += torch.stack([model(x, y, loss_chunk=t.loss_chunk_tokens).double() * rows, rows])
                 dist.all_reduce(total)
                 key = "val_loss" if name == "val" else f"val_loss/{name}"
                 out[key] = (total[0] / total[1].clamp_min(1)).item()
@@ -201,7 +200,7 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
             for _ in range(accum):
                 x, y = loader.next_batch()  # (micro, seq_len) int64 each
                 x, y = x.to(di.device, non_blocking=True), y.to(di.device, non_blocking=True)
-                loss = cross_entropy(model(x), y)
+                loss = model(x, y, loss_chunk=t.loss_chunk_tokens)  # fused LM head + loss (model/loss.py)
                 aux = model.aux_loss()  # MoE balancing terms of this forward, already weighted (0 when dense)
                 ((loss + aux) / accum).backward()  # every micro-batch has the same token count
                 sums += torch.stack([loss.detach(), aux.detach()]).float() / accum
@@ -258,12 +257,6 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
                 signal.signal(s, handler)
     return {"step": step, "tokens": tokens, "loss": loss_value, "run_dir": str(run_dir),
             **({} if step < t.steps else {"final": _last_eval(run_dir)})}
-
-
-def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token loss in at least fp32. logits: (B, T, V), targets: (B, T)."""
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
 def _last_eval(run_dir: Path) -> dict:

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from model.config import ModelConfig, Role, ScaleConfig
+from model.loss import head_loss
 from model.moe import MoE
 from model.rope import apply_rope, rope_tables
 from model.scaling import ExpertBranch, GroupLayout, Norm, ScaledLinear, ScaleVector, extra_norm, group_layout
@@ -107,12 +108,16 @@ class Llama(nn.Module):
         # With DNP on the head, the inner Norm runs over the whole vocabulary of logits (PAPER.md §1.9 [I]).
         self.lm_head = head.branch(d, V, cfg.norm_eps, role=Role.LM_HEAD)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens: (B, T) int64 → logits (B, T, V)."""
+    def forward(self, tokens: torch.Tensor, targets: Optional[torch.Tensor] = None,
+                loss_chunk: int = 0) -> torch.Tensor:
+        """tokens: (B, T) int64 → logits (B, T, V); with targets (B, T): the mean next-token loss (fp32) instead,
+        through the fused head + loss of model/loss.py over chunks of `loss_chunk` tokens (0: full logits)."""
         x = self.tok_embeddings(tokens)  # (B, T, d)
         cos, sin = rope_tables(tokens.shape[1], self.cfg.head_dim, self.cfg.rope_theta, x.device, x.dtype)
         for block in self.layers:
             x = block(x, cos, sin)
+        if targets is not None:
+            return head_loss(self.norm, self.lm_head, x, targets, loss_chunk)
         return self.lm_head(self.norm(x))
 
     # ------------------------------------------------------------------------------------------ initialization

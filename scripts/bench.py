@@ -38,12 +38,11 @@ def resident_bytes(model, optimizer) -> int:
     return total
 
 
-def step_fn(model, optimizer, batch, grad_clip: float):
+def step_fn(model, optimizer, batch, grad_clip: float, loss_chunk: int):
     from optim import clip_grad_norm
     from runtime.moe import moe_step_end
-    from train import cross_entropy
     x, y = batch
-    loss = cross_entropy(model(x), y)
+    loss = model(x, y, loss_chunk=loss_chunk)  # the trainer's loss: the fused LM head + loss
     (loss + model.aux_loss()).backward()
     clip_grad_norm(model.parameters(), grad_clip)
     optimizer.step()
@@ -108,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
                     torch.cuda.reset_peak_memory_stats()
                     others = torch.cuda.memory_allocated() - resident_bytes(model, opt)
                 t0 = time.perf_counter()
-                step_fn(model, opt, batch, cfg.optim.grad_clip)
+                step_fn(model, opt, batch, cfg.optim.grad_clip, cfg.train.loss_chunk_tokens)
                 if i >= args.warmup:
                     times[name].append(time.perf_counter() - t0)
                 if di.device.type == "cuda":  # this design's peak: the process peak minus what the others hold

@@ -198,17 +198,18 @@ def test_two_rank_resume_is_bit_identical(data_dir, tmp_path):
 
 
 def test_nonfinite_loss_stops_before_checkpoint(data_dir, tmp_path, monkeypatch):
-    real = train.cross_entropy
+    import model.llama
+    real = model.llama.head_loss
     calls = {"n": 0}
 
-    def poisoned(logits, targets):
-        loss = real(logits, targets)
+    def poisoned(*args):
+        loss = real(*args)
         if not torch.is_grad_enabled():  # evaluation
             return loss
         calls["n"] += 1
         return loss * float("nan") if calls["n"] > 4 else loss  # the 3rd step's forward (2 micro-batches/step)
 
-    monkeypatch.setattr(train, "cross_entropy", poisoned)
+    monkeypatch.setattr(model.llama, "head_loss", poisoned)
     argv = args_for(data_dir, tmp_path, "nan", "train.ckpt_every=1", "train.eval_every=100")
     with pytest.raises(train.NonFiniteError, match="at step 3"):
         train.main(argv)
