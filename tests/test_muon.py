@@ -1,10 +1,13 @@
-"""Our Muon (optim/muon.py) against torch.optim.Muon, on one device (the 2-rank FSDP2 case: test_optim_dist.py)."""
+"""Our Muon (optim/muon.py) against torch.optim.Muon, on one device (the 2-rank FSDP2 case: test_optim_dist.py),
+and the pure parts of distributed Muon (owners, shard sizes, the plan)."""
 import math
 
 import pytest
 import torch
 
-from optim.muon import Muon, update_scale, zeropower_via_newtonschulz
+from config import MuonConfig, OptimConfig
+from optim.muon import (Muon, NSSpec, assign_owners, ns_cost, plan_buckets, shard_sizes, update_scale,
+                        zeropower_via_newtonschulz)
 
 # Our update_scale names → torch.optim.Muon's adjust_lr_fn (torch ≥ 2.9).
 TORCH_ADJUST = {"moonlight": "match_rms_adamw", "jordan": "original"}
@@ -88,3 +91,57 @@ def test_zero_grad_step_only_decays():
     p.grad = torch.zeros_like(p)
     opt.step()
     torch.testing.assert_close(p.detach(), torch.full((4, 6), 1 - 0.1 * 0.5))
+
+
+# ------------------------------------------------------------------------------- distributed Muon, pure parts
+
+
+def test_assign_owners_balances_newton_schulz_cost():
+    d, f = 64, 172  # a Llama block: q, k, v, o (k/v with 4× fewer heads), gate, up, down
+    shapes = [(d, d), (d // 4, d), (d // 4, d), (d, d), (f, d), (f, d), (d, f)] * 4
+    costs = [ns_cost(s) for s in shapes]
+    for world in (2, 3, 8):
+        owners = assign_owners(costs, world)
+        assert owners == assign_owners(costs, world)  # a pure function: every rank computes the same owners
+        loads = [sum(c for c, o in zip(costs, owners) if o == r) for r in range(world)]
+        assert max(loads) - min(loads) <= max(costs)  # LPT: no rank is more than one matrix ahead
+        round_robin = [sum(costs[r::world]) for r in range(world)]
+        assert max(loads) <= max(round_robin)
+    assert ns_cost((3, 10, 6)) == 3 * 10 * 6 * 6  # per expert: m·n·min(m, n)
+
+
+@pytest.mark.parametrize("length", [1, 2, 7, 8, 9, 64])
+@pytest.mark.parametrize("world", [2, 3, 8])
+def test_shard_sizes_follow_torch_chunk(length, world):
+    chunks = [c.shape[0] for c in torch.empty(length).chunk(world)]  # DTensor's Shard(0) split
+    assert shard_sizes(length, world) == chunks + [0] * (world - len(chunks))
+
+
+def test_plain_tensors_take_the_reference_path():
+    spec = NSSpec((3.4445, -4.7750, 2.0315), 5, 1e-7, torch.bfloat16)
+    grads = [torch.zeros(4, 6), torch.zeros(2, 4, 6)]
+    assert plan_buckets(grads, [spec] * 2, [True, True]) == [([0], None), ([1], None)]
+    results = []
+    for flag in (True, False):  # one process: the flag changes nothing, bit for bit
+        torch.manual_seed(0)
+        ps = [torch.nn.Parameter(torch.randn(*s)) for s in ((6, 10), (2, 5, 3))]
+        opt = Muon(ps, lr=0.02, distributed=flag)
+        for _ in range(3):
+            for p in ps:
+                p.grad = torch.randn_like(p)
+            opt.step()
+        assert opt.ns_shapes == [(6, 10), (2, 5, 3)]
+        results.append([p.detach() for p in ps])
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+def test_distributed_flag_flows_from_config():
+    from model.config import Role
+    from optim import build_optimizer
+
+    model = torch.nn.Linear(4, 6, bias=False)
+    for flag in (True, False):
+        opt = build_optimizer(model, {"weight": Role.MATRIX}, OptimConfig(name="muon",
+                                                                           muon=MuonConfig(distributed=flag)))
+        assert opt.param_groups[0]["kind"] == "muon" and opt.param_groups[0]["distributed"] is flag
+    assert MuonConfig().distributed  # the fast path is the default

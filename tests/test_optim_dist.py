@@ -1,5 +1,6 @@
-"""2-rank FSDP2 (gloo, CPU) against one process: Muon on row-split matrices, AdamW/Muon training parity with
-gradient clipping, and a DCP save → load → resume of the hybrid optimizer.
+"""2-rank FSDP2 (gloo, CPU) against one process: Muon on row-split matrices, distributed Muon against the every-rank
+path (parity and the split of the Newton–Schulz work), AdamW/Muon training parity with gradient clipping, and a DCP
+save → load → resume of the hybrid optimizer.
 
 Each test spawns 2 workers with torch.multiprocessing.spawn (DESIGN.md traps: one thread per worker, and
 gc.collect() + barrier before destroy_process_group). Every worker also computes the one-process reference
@@ -16,12 +17,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 from config import MuonConfig, OptimConfig, ScheduleConfig
 from model.config import Role
 from optim import build_optimizer, clip_grad_norm, lr_at, set_lr
-from optim.muon import Muon, zeropower_via_newtonschulz
+from optim.muon import Muon, NSSpec, assign_owners, ns_cost, plan_buckets, zeropower_via_newtonschulz
 from multiproc import free_port, spawn
 
 WORLD = 2
@@ -84,6 +85,81 @@ def _muon_split_worker(rank: int) -> None:
 
 def test_muon_on_row_split_matrices_matches_one_device():
     _spawn(_muon_split_worker)
+
+
+# ------------------------------------------------------------------- distributed Muon vs the every-rank path
+
+# (global shape, split dim): odd rows (4 | 3), even rows, tall (NS on the transpose), one row (rank 1 holds none),
+# split columns (5 | 4), stacked experts split by expert (2 | 1: orthogonalized locally), experts split by row.
+DIST_CASES = [((7, 10), 0), ((6, 10), 0), ((10, 6), 0), ((1, 8), 0), ((6, 9), 1), ((3, 5, 4), 0), ((2, 7, 5), 1)]
+MUON_LR, MUON_STEPS = 0.05, 4
+
+
+def _two_muons(mesh, ns_dtype: str, bucket_elements: int = 1 << 27
+               ) -> tuple[list[nn.Parameter], list[nn.Parameter], Muon, Muon]:
+    """The same DTensor parameters and gradients, MUON_STEPS steps of distributed Muon and of the every-rank path."""
+    gen = torch.Generator().manual_seed(0)
+    w0 = [torch.randn(*shape, generator=gen) for shape, _ in DIST_CASES]
+    lead = [Replicate()] * (mesh.ndim - 1)  # HSDP: replicated across the leading mesh dims, split along the last
+    params = {flag: [nn.Parameter(distribute_tensor(w.clone(), mesh, lead + [Shard(d)], src_data_rank=None))
+                     for w, (_, d) in zip(w0, DIST_CASES)] for flag in (True, False)}
+    opts = {flag: Muon(params[flag], lr=MUON_LR, weight_decay=0.1, ns_dtype=ns_dtype, distributed=flag)
+            for flag in (True, False)}
+    opts[True].bucket_elements = bucket_elements
+    for _ in range(MUON_STEPS):
+        grads = [torch.randn(*shape, generator=gen) for shape, _ in DIST_CASES]
+        for flag in (True, False):
+            for p, g, (_, d) in zip(params[flag], grads, DIST_CASES):
+                p.grad = distribute_tensor(g.clone(), mesh, lead + [Shard(d)], src_data_rank=None)
+            opts[flag].step()
+    return params[True], params[False], opts[True], opts[False]
+
+
+def _check_work_split(rank: int, fast_log: list[tuple[int, ...]], ref_log: list[tuple[int, ...]]) -> None:
+    """Each rank ran Newton–Schulz on exactly the matrices assign_owners gave it, plus its own experts."""
+    logs = [None] * WORLD
+    dist.all_gather_object(logs, (fast_log, ref_log))
+    exchanged = [shape for shape, d in DIST_CASES if d >= len(shape) - 2]  # shapes are distinct: they name matrices
+    owners = assign_owners([ns_cost(s) for s in exchanged], WORLD)
+    assert set(owners) == set(range(WORLD)), owners
+    for r, (fast, ref) in enumerate(logs):
+        assert ref == [shape for shape, _ in DIST_CASES], "the every-rank path orthogonalizes everything everywhere"
+        own_experts = ((2, 1)[r], 5, 4)  # (3, 5, 4) on Shard(0): experts 2 | 1
+        want = sorted([s for s, o in zip(exchanged, owners) if o == r] + [own_experts])
+        assert sorted(fast) == want, f"rank {r} orthogonalized {fast}, expected {want}"
+
+
+def _distributed_muon_worker(rank: int) -> None:
+    mesh = init_device_mesh("cpu", (WORLD,))
+    for ns_dtype in ("float32", "bfloat16"):
+        fast, ref, opt, opt_ref = _two_muons(mesh, ns_dtype)
+        for p, q, (shape, _) in zip(fast, ref, DIST_CASES):
+            got, want = p.detach().full_tensor(), q.detach().full_tensor()
+            if ns_dtype == "float32":
+                # Bit-identical: the owner concatenates the bits full_tensor() gathers and makes the same NS call;
+                # expert stacks split by expert run the same per-matrix batched kernels (on CPU; see optim/muon.py).
+                assert torch.equal(got, want), f"{shape}: max diff {(got - want).abs().max()}"
+                assert torch.equal(opt.state[p]["momentum_buffer"].full_tensor(),
+                                   opt_ref.state[q]["momentum_buffer"].full_tensor())
+            else:
+                # Identical on CPU as well; the bound allows what a GPU's batched GEMM may round apart for a smaller
+                # expert batch: one bf16 ulp (2⁻⁸ relative, |O| ≤ 2) of each step's lr·0.2·√max(m, n)·O.
+                tol = MUON_STEPS * MUON_LR * 0.2 * max(shape[-2:]) ** 0.5 * 2 * 2**-8
+                torch.testing.assert_close(got, want, rtol=0, atol=tol, msg=f"{shape}")
+        _check_work_split(rank, opt.ns_shapes, opt_ref.ns_shapes)
+    grads, specs = [p.grad for p in fast], [NSSpec((1.0, 0.0, 0.0), 1, 1e-7, torch.float32)] * len(fast)
+    assert plan_buckets(grads, specs, [True] * len(fast)) == [([0, 1, 2, 3, 4, 6], 0), ([5], None)]
+    assert plan_buckets(grads, specs, [False] * len(fast)) == [([i], None) for i in range(len(fast))]
+    small = plan_buckets(grads, specs, [True] * len(fast), cap=40)  # ≤ 80 elements per bucket: 70 | 60 | 60+8 | 54 | 70
+    assert small == [([0], 0), ([1], 0), ([2, 3], 0), ([4], 0), ([5], None), ([6], 0)], small
+    for layout, cap in ((mesh, 40), (init_device_mesh("cpu", (1, WORLD)), 1 << 27)):  # 5 buckets; HSDP layout
+        fast, ref, _, _ = _two_muons(layout, "float32", cap)
+        assert all(torch.equal(p.detach().full_tensor(), q.detach().full_tensor()) for p, q in zip(fast, ref))
+
+
+def test_distributed_muon_matches_every_rank_path_and_splits_the_work():
+    # One spawn for parity (float32 bit-identical, bf16 within a bound) and the work split: a spawn costs seconds.
+    _spawn(_distributed_muon_worker)
 
 
 # ------------------------------------------------------------------------------- training parity (toy model)
