@@ -99,7 +99,7 @@ def param_groups(
             name="muon", kind="muon", params=buckets["muon"], lr=cfg.lr, initial_lr=cfg.lr, lr_scale=1.0,
             weight_decay=cfg.weight_decay, momentum=m.momentum, nesterov=m.nesterov,
             ns_coefficients=tuple(m.ns_coefficients), ns_steps=m.ns_steps, eps=m.eps, update_scale=m.update_scale,
-            ns_dtype=m.ns_dtype,
+            ns_dtype=m.ns_dtype, distributed=m.distributed,
         ))
     for name, wd in (("adamw/decay", cfg.weight_decay), ("adamw/no_decay", 0.0)):
         if buckets[name]:
