@@ -107,6 +107,18 @@ class Llama(nn.Module):
         self.norm = head.norm(d, cfg.norm_eps)
         # With DNP on the head, the inner Norm runs over the whole vocabulary of logits (PAPER.md §1.9 [I]).
         self.lm_head = head.branch(d, V, cfg.norm_eps, role=Role.LM_HEAD)
+        self.compiled_head: Optional[str] = None  # compile_for_training(): the backend of the fused head + loss
+
+    def compile_for_training(self, device: torch.device, dtype: torch.dtype, backend: str = "inductor") -> None:
+        """torch.compile each block in place (parameter names, and so roles and checkpoints, are unchanged) and the
+        fused LM head + loss's chunk step (model/loss.py); the embedding and the loop stay eager. Every block is one
+        graph (fullgraph: a break fails loudly) except an MoE on its exact per-expert loop, which needs the
+        experts' row counts on the host (the grouped GEMM path compiles whole)."""
+        probe = torch.empty(0, device=device, dtype=dtype)
+        fullgraph = all(moe.uses_grouped(probe) for _, moe in self.moe_layers())
+        for block in self.layers:
+            block.compile(fullgraph=fullgraph, backend=backend)
+        self.compiled_head = backend
 
     def forward(self, tokens: torch.Tensor, targets: Optional[torch.Tensor] = None,
                 loss_chunk: int = 0) -> torch.Tensor:
@@ -117,7 +129,7 @@ class Llama(nn.Module):
         for block in self.layers:
             x = block(x, cos, sin)
         if targets is not None:
-            return head_loss(self.norm, self.lm_head, x, targets, loss_chunk)
+            return head_loss(self.norm, self.lm_head, x, targets, loss_chunk, compiled=self.compiled_head)
         return self.lm_head(self.norm(x))
 
     # ------------------------------------------------------------------------------------------ initialization

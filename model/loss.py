@@ -16,7 +16,7 @@ Rows are whole vocabulary rows: DNP's inner Norm over the vocabulary needs all o
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -25,9 +25,11 @@ from torch.func import functional_call
 
 
 def head_loss(norm: nn.Module, lm_head: nn.Module, h: torch.Tensor, targets: torch.Tensor,
-              chunk: int) -> torch.Tensor:
+              chunk: int, compiled: Optional[str] = None) -> torch.Tensor:
     """Mean cross-entropy of lm_head(norm(h)) against targets, in fp32. h: (B, T, d), targets: (B, T) int64.
-    `chunk` > 0: the fused path over chunks of that many tokens; 0: the plain path (full logits)."""
+    `chunk` > 0: the fused path over chunks of that many tokens; 0: the plain path (full logits). `compiled`: a
+    torch.compile backend ("inductor") for each chunk's forward and backward, one graph each (fullgraph: a break
+    fails loudly), so the Norms and the softmax fuse into few passes over the chunk's logits."""
     h, targets = h.flatten(0, 1), targets.flatten()  # (N, d), (N,)
     if chunk <= 0:
         return _cross_entropy_sum(lm_head(norm(h)), targets) / targets.numel()
@@ -35,7 +37,8 @@ def head_loss(norm: nn.Module, lm_head: nn.Module, h: torch.Tensor, targets: tor
     names = [[n for n, _ in m.named_parameters()] for m in modules]
     params = [p for m in modules for p in m.parameters()]
     if torch.is_grad_enabled() and (h.requires_grad or any(p.requires_grad for p in params)):
-        return _FusedHeadLoss.apply(h, targets, chunk, modules, names, *params)
+        fn = _compiled_chunk_loss(compiled) if compiled else _chunk_loss_sum
+        return _FusedHeadLoss.apply(h, targets, chunk, fn, modules, names, *params)
     with torch.no_grad():  # eval: chunks without gradients
         total = sum(_cross_entropy_sum(lm_head(norm(h[s:s + chunk])), targets[s:s + chunk])
                     for s in range(0, h.shape[0], chunk))
@@ -47,6 +50,23 @@ def _cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Ten
     return F.cross_entropy(logits.to(_acc(logits.dtype)), targets, reduction="sum")
 
 
+def _chunk_loss_sum(modules: tuple[nn.Module, nn.Module], params: tuple[dict, dict], h_c: torch.Tensor,
+                    targets_c: torch.Tensor) -> torch.Tensor:
+    """Σ CE over one chunk, through the real modules with `params` (detached leaves) in place of theirs."""
+    x_c = functional_call(modules[0], params[0], (h_c,))
+    logits = functional_call(modules[1], params[1], (x_c,))  # (n, V): one chunk's logits only
+    return _cross_entropy_sum(logits, targets_c)
+
+
+_COMPILED: dict[str, Callable] = {}
+
+
+def _compiled_chunk_loss(backend: str) -> Callable:
+    if backend not in _COMPILED:  # built on first use: no import-time side effects (DESIGN.md principle 4)
+        _COMPILED[backend] = torch.compile(_chunk_loss_sum, fullgraph=True, dynamic=False, backend=backend)
+    return _COMPILED[backend]
+
+
 def _acc(dtype: torch.dtype) -> torch.dtype:
     """Accumulate in at least fp32 (fp64 stays fp64 for reference runs)."""
     return torch.promote_types(dtype, torch.float32)
@@ -54,10 +74,12 @@ def _acc(dtype: torch.dtype) -> torch.dtype:
 
 class _FusedHeadLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h: torch.Tensor, targets: torch.Tensor, chunk: int, modules: tuple[nn.Module, nn.Module],
-                names: Sequence[Sequence[str]], *params: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, h: torch.Tensor, targets: torch.Tensor, chunk: int, fn: Callable,
+                modules: tuple[nn.Module, nn.Module], names: Sequence[Sequence[str]],
+                *params: torch.Tensor) -> torch.Tensor:
         n_rows = h.shape[0]
-        wants = [ctx.needs_input_grad[5 + i] for i in range(len(params))]
+        inv_rows = torch.full((), 1.0 / n_rows, dtype=_acc(h.dtype), device=h.device)  # d loss / d Σ_chunk CE
+        wants = [ctx.needs_input_grad[6 + i] for i in range(len(params))]
         leaves = [p.detach().requires_grad_(w) for p, w in zip(params, wants)]
         split = [len(n) for n in names]
         by_module = [dict(zip(n, leaves[sum(split[:i]):sum(split[:i + 1])])) for i, n in enumerate(names)]
@@ -68,16 +90,14 @@ class _FusedHeadLoss(torch.autograd.Function):
         for s in range(0, n_rows, chunk):
             h_c = h[s:s + chunk].detach().requires_grad_(grad_h is not None)  # (n, d)
             with torch.enable_grad():
-                x_c = functional_call(modules[0], by_module[0], (h_c,))
-                logits = functional_call(modules[1], by_module[1], (x_c,))  # (n, V): one chunk's logits only
-                loss_c = _cross_entropy_sum(logits, targets[s:s + chunk]) / n_rows
+                sum_c = fn(modules, by_module, h_c, targets[s:s + chunk])  # Σ CE over the chunk's rows
             inputs = ([h_c] if grad_h is not None else []) + wrt_params
-            grads = list(torch.autograd.grad(loss_c, inputs)) if inputs else []
+            grads = list(torch.autograd.grad(sum_c, inputs, grad_outputs=inv_rows)) if inputs else []
             if grad_h is not None:
                 grad_h[s:s + chunk] = grads.pop(0)
             for acc, g in zip((a for a in grad_params if a is not None), grads):
                 acc += g  # fp32 accumulation over chunks
-            loss += loss_c.detach()
+            loss += sum_c.detach() * inv_rows
         ctx.save_for_backward(grad_h, *[g for g in grad_params if g is not None])
         ctx.has_grad_h, ctx.wants = grad_h is not None, wants
         ctx.param_dtypes = [p.dtype for p in params]
@@ -91,4 +111,4 @@ class _FusedHeadLoss(torch.autograd.Function):
         grad_params = []
         for wants, dtype in zip(ctx.wants, ctx.param_dtypes):
             grad_params.append((saved.pop(0) * grad_out).to(dtype) if wants else None)
-        return (grad_h, None, None, None, None, *grad_params)
+        return (grad_h, None, None, None, None, None, *grad_params)

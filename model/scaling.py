@@ -16,6 +16,7 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from model.config import Role, ScaleConfig
 
@@ -26,9 +27,13 @@ def rms_normalize(x: torch.Tensor, eps: float, n: Optional[int] = None) -> torch
 
     `n`: the logical width when the last dim carries zero padding (MoE experts): the mean square is Σx²/n, so the
     padded units (zeros) change nothing and the result equals the unpadded Norm."""
+    if n is None:
+        # The same math, op for op (bit-identical on CPU in fp64, fp32 and bf16: tests/test_model.py), and a fused
+        # kernel where torch has one (CUDA). The γ multiply stays outside: F.rms_norm's weight multiplies before the
+        # cast back to bf16, which would change bf16 numerics.
+        return F.rms_norm(x, (x.shape[-1],), eps=eps)
     x32 = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-    sq = x32.pow(2).mean(-1, keepdim=True) if n is None else x32.pow(2).sum(-1, keepdim=True) / n
-    return (x32 * torch.rsqrt(sq + eps)).to(x.dtype)
+    return (x32 * torch.rsqrt(x32.pow(2).sum(-1, keepdim=True) / n + eps)).to(x.dtype)
 
 
 class ScaleVector(nn.Module):
@@ -123,14 +128,27 @@ class ScaledLinear(nn.Module):
         self.out_scale = out_scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: (..., d_in) → (..., d_out)."""
-        if self.in_scale is not None:
+        """x: (..., d_in) → (..., d_out).
+
+        A vector multiplies whichever side is smaller: u ⊙ (W (v ⊙ x)) = (diag(u) W diag(v)) x exactly, and for a
+        block matrix W (d_out × d_in) is far smaller than a micro-batch's rows x (N × d_in), so v and u (without an
+        inner Norm) scale W's columns and rows instead of N rows of activations — fewer FLOPs, and backward keeps
+        the one shared normalized input rather than one scaled copy per branch (HG). The LM head (W: vocab × d)
+        scales its activations. DESIGN.md's rule stands: no diag() matrices, no u vᵀ outer product."""
+        w = self.weight.to(x.dtype)  # .to: a no-op except for the MoE router, which runs in fp32 on bf16 weights
+        rows = x.numel() // self.d_in
+        fold_in = self.in_scale is not None and rows >= self.d_out
+        fold_out = self.out_scale is not None and self.inner is None and rows >= self.d_in
+        if fold_in:
+            w = w * self.in_scale()  # W diag(v): (d_out, d_in)
+        elif self.in_scale is not None:
             x = x * self.in_scale()
-        # .to: a no-op except for the MoE router, which runs in fp32 on bf16 weights
-        y = torch.nn.functional.linear(x, self.weight.to(x.dtype))
+        if fold_out:
+            w = w * self.out_scale()[:, None]  # diag(u) W
+        y = F.linear(x, w)
         if self.inner is not None:
             y = self.inner(y)
-        if self.out_scale is not None:
+        if self.out_scale is not None and not fold_out:
             y = y * self.out_scale()
         return y
 
@@ -178,13 +196,19 @@ class ExpertBranch(nn.Module):
     def forward(self, x: torch.Tensor, expert_of_row: torch.Tensor, matmul) -> torch.Tensor:
         """x: (N, d_in) rows sorted by expert; expert_of_row: (N,) int64; matmul(x, W) → (N, d_out_padded), the
         grouped GEMM or the per-expert loop of model/moe.py."""
-        if self.in_scale is not None:
-            x = x * self.in_scale()
-        y = matmul(x, self.weight)
+        w = self.weight  # (E, d_out_padded, d_in)
+        if self.in_scale is not None:  # the smaller side, as in ScaledLinear.forward
+            if x.shape[0] >= w.shape[0] * w.shape[1]:
+                w = w * self.in_scale()
+            else:
+                x = x * self.in_scale()
+        if self.out_scale is not None and self.inner is None:
+            w = w * self._padded(self.out_scale())[:, :, None]  # diag(u_e) W_e: no per-row gather of u
+        y = matmul(x, w)
         if self.inner is not None:
             y = self.inner(y)
-        if self.out_scale is not None:
-            y = y * self._padded(self.out_scale())[expert_of_row]  # (E, d_out_padded) → one row per token slot
+            if self.out_scale is not None:
+                y = y * self._padded(self.out_scale())[expert_of_row]  # (E, d_out_padded) → one row per token slot
         return y
 
     def _padded(self, u: torch.Tensor) -> torch.Tensor:

@@ -238,3 +238,37 @@ def test_scaled_linear_without_vectors_is_linear():
     torch.nn.init.normal_(lin.weight)
     x = torch.randn(4, 5, dtype=torch.float64)
     torch.testing.assert_close(lin(x), x @ lin.weight.T)
+
+
+@pytest.mark.parametrize("rows", [2, 64])  # fewer rows than d_out/d_in: the activations are scaled; more: W is
+@pytest.mark.parametrize("inner", [False, True])
+def test_scaled_linear_either_side_equals_the_formula(rows, inner):
+    """u ⊙ post(W (v ⊙ x)) whichever side ScaledLinear scales, values and gradients, for every reparameterization."""
+    from model.scaling import Norm
+    for reparam in ("direct", "or", "er"):
+        lin = ScaledLinear(6, 8, in_scale=ScaleVector(6, reparam, Role.SCALE_INPUT),
+                           inner=Norm(8, 1e-6, None, group=4) if inner else None,
+                           out_scale=ScaleVector(8, reparam, Role.SCALE_OUTPUT)).double()
+        torch.nn.init.normal_(lin.weight)
+        for sv in (lin.in_scale, lin.out_scale):
+            for p in sv.parameters():
+                torch.nn.init.uniform_(p, 0.5, 1.5)
+        x = torch.randn(rows, 6, dtype=torch.float64, requires_grad=True)
+        got = lin(x)
+        y = (x * lin.in_scale()) @ lin.weight.T
+        ref = (lin.inner(y) if inner else y) * lin.out_scale()
+        torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+        g = torch.randn_like(ref)
+        grads = torch.autograd.grad(got, [x, *lin.parameters()], g)
+        ref_grads = torch.autograd.grad(ref, [x, *lin.parameters()], g)
+        for a, b in zip(grads, ref_grads):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_rms_normalize_is_the_plain_formula_bit_for_bit(dtype):
+    """F.rms_norm (a fused kernel where torch has one) computes exactly the plain fp32-reduction formula on CPU."""
+    x = torch.randn(5, 48, dtype=dtype) * 3
+    x32 = x.float() if dtype == torch.bfloat16 else x
+    plain = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-5)).to(dtype)
+    assert torch.equal(rms_normalize(x, 1e-5), plain)

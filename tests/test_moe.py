@@ -373,3 +373,37 @@ def test_grouped_path_compiles_as_one_graph():
     floor = 1e-3 * max(a.norm().item() for a in grads[0])  # DNP makes some gradients 0 up to bf16 noise
     for (name, _), a, b in zip([("h", None), *eager.named_parameters()], *grads):
         assert (a - b).norm().item() < 2e-2 * a.norm().item() + floor, name
+
+
+@pytest.mark.parametrize("rows_per_expert", [1, 9])  # few rows: the activations are scaled; many: the weight stack
+@pytest.mark.parametrize("inner", [False, True])
+def test_expert_branch_either_side_equals_the_formula(rows_per_expert, inner):
+    """y_r = u_e ⊙ post(W_e (v ⊙ x_r)) for a row r of expert e, whichever side ExpertBranch scales; values and
+    gradients in fp64, with padded rows (d_out 5 → 8)."""
+    from model.config import Role
+    from model.moe import loop_matmul
+    from model.scaling import ExpertBranch, Norm, ScaleVector
+    E, d_in, d_out, pad = 3, 4, 5, 8
+    br = ExpertBranch(E, d_in, d_out, pad, in_scale=ScaleVector(d_in, "or", Role.SCALE_INPUT),
+                      inner=Norm(pad, 1e-6, None, logical=d_out) if inner else None,
+                      out_scale=ScaleVector(d_out, "or", Role.SCALE_OUTPUT, count=E)).double()
+    with torch.no_grad():
+        br.weight.normal_()
+        br.weight[:, d_out:] = 0.0
+        for p in [*br.in_scale.parameters(), *br.out_scale.parameters()]:
+            p.uniform_(0.5, 1.5)
+    counts = [rows_per_expert] * E
+    expert_of_row = torch.arange(E).repeat_interleave(rows_per_expert)
+    x = torch.randn(E * rows_per_expert, d_in, dtype=torch.float64, requires_grad=True)
+    got = br(x, expert_of_row, lambda a, w: loop_matmul(a, w, counts))
+    ref_rows = []
+    for r, e in enumerate(expert_of_row.tolist()):
+        y = br.weight[e] @ (br.in_scale() * x[r])
+        y = br.inner(y) if inner else y
+        ref_rows.append(y * torch.nn.functional.pad(br.out_scale()[e], (0, pad - d_out)))
+    ref = torch.stack(ref_rows)
+    torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+    g = torch.randn_like(ref)
+    for a, b in zip(torch.autograd.grad(got, [x, *br.parameters()], g),
+                    torch.autograd.grad(ref, [x, *br.parameters()], g)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
