@@ -1,4 +1,4 @@
-"""Training-step speed and memory of scale-vector designs, measured side by side in one process (PAPER.md Table 3).
+"""Training-step speed and memory of scale-vector designs, measured side by side (PAPER.md Table 3).
 
     python -m scripts.bench                                            # tiny CPU shapes, baseline vs unified
     python -m scripts.bench --config configs/dense/1b.yaml --presets baseline unified --compile \\
@@ -6,23 +6,73 @@
     python -m scripts.bench --models configs/tiny_moe.yaml "configs/tiny_cpu.yaml model.d_ffn=1367" \\
         --presets baseline                                             # MoE vs the dense model of equal activated size
 
-Each design gets the same random batches; designs are interleaved round by round, so drift in machine load hits all
-of them alike. Prints ms/step, tokens/s, MFU (on known GPUs), peak memory (CUDA) and the ratio to the first design.
-The step is the trainer's: FSDP2-wrapped (one rank) forward + backward + clip + optimizer step.
+Time. Every design gets the same random batches, and the designs are interleaved in one process round by round
+(step i of every design, then step i + 1), so drift in machine load hits all of them alike. The step is the
+trainer's (runtime/build.py, as train.py builds it): FSDP2-wrapped (one rank) forward with the fused LM head + loss,
+backward, clip, optimizer step. ms/step is the median over the timed steps; tok/s follows from it.
+
+Memory. CUDA: per design in the timing process, torch.cuda.max_memory_allocated over its steps minus what the other
+designs hold (their parameters and optimizer state) — the caching allocator counts only live tensors, so the designs
+do not blur each other. CPU: the process's resident set cannot be split between designs that share it, so each
+design also runs alone in a child process of its own (`--memory-probe`, launched before the timing starts; several
+at once, which changes no process's own peak): its peak RSS over the same warmup + timed steps on the same batches
+(resource.getrusage ru_maxrss) minus the RSS it had after its imports and one step of a miniature of itself (which
+takes the lazy imports and one-time setup out of the count), before building the model. That growth is the
+parameters, gradients, optimizer state, activations and what the allocator keeps, under the same glibc setting as
+training (runtime/cpu.py); with --compile it includes the compiler's own Python-side memory.
+
+Reference row `hf-llama` (--hf-reference; on by default when transformers is installed and the first model is dense):
+transformers' LlamaForCausalLM with the first model's shapes (scripts/export_hf.py's config: padded vocab, untied
+embeddings, no biases, same rope theta and eps), attn_implementation="sdpa", fp32 parameters sharded by FSDP2 as ours
+(one fully_shard per decoder layer with the same reshard-after-forward rule, one at the root; with bf16 on CUDA the
+same mixed-precision policy: bf16 compute, fp32 gradient reduction; train.activation_checkpointing applies to ours
+only), its decoder layers compiled under --compile. Its step: forward to full logits, fp32 cross-entropy against the
+same targets, backward, clip, torch.optim.AdamW with the config's lr, betas, eps and weight decay on every parameter
+(fused on CUDA, foreach on CPU), zero_grad.
+
+Ratios are to the first design: time (ms/step) and memory (peak MiB). MFU is printed on GPUs whose peak is known.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
+import importlib.util
+import json
+import os
+import resource
 import shlex
 import statistics
+import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable, Optional
 
 import torch
 
-from config import load_config
+from config import RunConfig, load_config
+
+HF_NAME = "hf-llama"
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclasses.dataclass
+class Design:
+    name: str
+    cfg: RunConfig
+    hf: bool = False  # transformers' LlamaForCausalLM with cfg.model's shapes instead of our Llama
+
+
+@dataclasses.dataclass
+class Runner:
+    """A built design: one training step on a batch, and what the table reports about it."""
+    step: Callable[[tuple[torch.Tensor, torch.Tensor]], float]
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    params: int
+    activated: int
 
 
 def resident_bytes(model, optimizer) -> int:
@@ -51,7 +101,149 @@ def step_fn(model, optimizer, batch, grad_clip: float, loss_chunk: int):
     return loss.item()  # waits for the device
 
 
-def main(argv: list[str] | None = None) -> int:
+def hf_step_fn(model, optimizer, batch, grad_clip: float):
+    x, y = batch
+    logits = model(input_ids=x, use_cache=False).logits  # (B, T, V) in the compute dtype; no KV cache in training
+    loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+    loss.backward()
+    # Ours always computes the norm and clips when grad_clip > 0; an infinite max_norm computes it and scales by 1.
+    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float("inf"))
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.item()
+
+
+def build_ours(cfg: RunConfig, device: torch.device) -> Runner:
+    from runtime.build import build_training_model
+    built = build_training_model(cfg, device)
+    model, opt = built.model, built.optimizer
+    return Runner(lambda b: step_fn(model, opt, b, cfg.optim.grad_clip, cfg.train.loss_chunk_tokens), model, opt,
+                  model.num_params(), model.activated_params())
+
+
+def build_hf_reference(cfg: RunConfig, device: torch.device, seq_len: int) -> Runner:
+    """transformers' Llama with cfg.model's shapes, wrapped, cast and compiled as runtime/build.py does ours."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from transformers import LlamaForCausalLM
+
+    from runtime.parallel import resolve_dtype
+    from scripts.export_hf import hf_config
+    hf_cfg = hf_config(cfg.model, max_positions=max(seq_len, 2048))
+    hf_cfg._attn_implementation = "sdpa"  # torch's fused attention, the kernel family ours calls
+    hf_cfg.use_cache = False
+    torch.manual_seed(cfg.train.seed)
+    with torch.device(device):
+        model = LlamaForCausalLM(hf_cfg).to(torch.float32)  # fp32 master parameters, as ours
+    compute = resolve_dtype(cfg.train.dtype, device)
+    kwargs = {"mesh": init_device_mesh(device.type, (dist.get_world_size(),))}
+    if compute == torch.float64:
+        model.double()
+    elif compute != torch.float32:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
+    layers = list(model.model.layers)
+    reshard = getattr(cfg.train, "reshard_after_forward", "auto")
+    for i, layer in enumerate(layers):  # runtime/parallel.py's rule: under auto the last block stays gathered
+        fully_shard(layer, reshard_after_forward=i < len(layers) - 1 if reshard == "auto" else bool(reshard), **kwargs)
+    fully_shard(model, **kwargs)
+    if cfg.train.compile:
+        for layer in layers:
+            layer.compile()
+    on_cuda = device.type == "cuda"
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=tuple(cfg.optim.betas), eps=cfg.optim.eps,
+                            weight_decay=cfg.optim.weight_decay, **({"fused": True} if on_cuda else {"foreach": True}))
+    n = sum(p.numel() for p in model.parameters())
+    return Runner(lambda b: hf_step_fn(model, opt, b, cfg.optim.grad_clip), model, opt, n, n)
+
+
+def build(design: Design, device: torch.device, seq_len: int) -> Runner:
+    return build_hf_reference(design.cfg, device, seq_len) if design.hf else build_ours(design.cfg, device)
+
+
+def plan(args) -> tuple[list[Design], list[str]]:
+    """The designs to run (cheap: configs only) and notes for the user."""
+    if args.models:
+        models = [(Path(words[0]).stem + "".join(f"[{o.split('.')[-1]}]" for o in words[1:]), [words[0]], words[1:])
+                  for words in map(shlex.split, args.models)]
+    else:
+        models = [("", args.config or ["configs/tiny_cpu.yaml"], [])]
+    designs = []
+    for label, paths, model_overrides in models:
+        for preset in args.presets:
+            cfg = load_config([*paths, f"configs/scale/{preset}.yaml"], [*model_overrides, *args.overrides])
+            vocab = args.vocab_size or cfg.model.vocab_size or 8192
+            cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab),
+                                      train=dataclasses.replace(cfg.train, compile=args.compile, seed=0))
+            designs.append(Design(f"{label}/{preset}" if label else preset, cfg))
+    notes = []
+    first = designs[0]
+    have_hf = importlib.util.find_spec("transformers") is not None
+    if args.hf_reference is not False:
+        if not have_hf:
+            notes.append("no hf-llama reference row: transformers is not installed (pip install transformers)")
+        elif first.cfg.model.moe is not None:
+            notes.append("no hf-llama reference row: the first model is an MoE, and LlamaForCausalLM is dense")
+        else:
+            label = models[0][0]
+            designs.append(Design(f"{label}/{HF_NAME}" if label else HF_NAME, first.cfg, hf=True))
+    if args.hf_reference and not any(d.hf for d in designs):
+        raise SystemExit(f"error: --hf-reference: {notes[-1]}")
+    return designs, notes
+
+
+def make_batches(n: int, B: int, T: int, V: int, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(0)  # the same batches in every process: the timing one and each probe
+    return [tuple(torch.randint(0, V, (B, T), generator=gen).to(device) for _ in range(2)) for _ in range(n)]
+
+
+def max_rss_mib() -> float:
+    """This process's peak resident set so far (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
+
+
+def memory_probe(design: Design, device: torch.device, batches, seq_len: int) -> dict:
+    """Run in a child process of its own: the growth of peak RSS over building and stepping this one design."""
+    # A miniature of the same design first (1 layer, width 8 per head, vocab 64, no compile): the lazy imports and
+    # one-time setup of the first build and step (thread pools, kernel tables, the modeling modules transformers
+    # loads on first use) happen there, so they are not counted as this design's memory.
+    mini = dataclasses.replace(design, cfg=dataclasses.replace(
+        design.cfg, model=dataclasses.replace(design.cfg.model, d_model=8 * design.cfg.model.n_heads, n_layers=1,
+                                              vocab_size=64),
+        train=dataclasses.replace(design.cfg.train, compile=False)))
+    warm = build(mini, device, 8)
+    warm.step(make_batches(1, 2, 8, 64, device)[0])
+    del warm
+    gc.collect()
+    before = max_rss_mib()
+    runner = build(design, device, seq_len)
+    for batch in batches:
+        runner.step(batch)
+    return {"design": design.name, "peak_mib": max_rss_mib() - before, "baseline_mib": before}
+
+
+def run_probes(argv: list[str], designs: list[Design], jobs: int) -> "list":
+    """Start one child per design (`--memory-probe K`); returns futures of {design: peak MiB or None}."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+
+    def probe(k: int) -> Optional[float]:
+        cmd = [sys.executable, "-m", "scripts.bench", *argv, "--memory-probe", str(k)]
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        try:
+            return float(json.loads(done.stdout.strip().splitlines()[-1])["peak_mib"])
+        except (ValueError, IndexError, KeyError, TypeError):
+            tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+            print(f"memory probe of {designs[k].name} failed (exit {done.returncode}): {' | '.join(tail)}",
+                  file=sys.stderr)
+            return None
+    pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+    futures = [pool.submit(probe, k) for k in range(len(designs))]
+    pool.shutdown(wait=False)
+    return futures
+
+
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", action="append", help="model size config (default: configs/tiny_cpu.yaml shapes)")
     p.add_argument("--models", nargs="+", metavar='"CONFIG [key=value ...]"',
@@ -63,79 +255,107 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vocab-size", type=int, default=None, help="default: the config's, else 8192")
     p.add_argument("--steps", type=int, default=10, help="timed steps per design")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per design (compile, allocator)")
-    p.add_argument("--compile", action="store_true", help="torch.compile each block")
+    p.add_argument("--compile", action="store_true", help="torch.compile each block (and each HF decoder layer)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--no-malloc-tuning", action="store_true", help="CPU: keep glibc's default allocator policy")
+    p.add_argument("--hf-reference", action=argparse.BooleanOptionalAction, default=None,
+                   help="add the transformers LlamaForCausalLM row (default: on when transformers is installed)")
+    p.add_argument("--no-memory", action="store_true", help="CPU: skip the per-design memory processes")
+    p.add_argument("--memory-jobs", type=int, default=os.cpu_count() or 1,
+                   help="CPU: memory processes run at once (default: the core count; 1 for models near RAM size)")
+    p.add_argument("--json", type=Path, metavar="PATH", help="also write the table as JSON")
+    p.add_argument("--memory-probe", type=int, help=argparse.SUPPRESS)  # internal: a child measuring one design
     p.add_argument("overrides", nargs="*", help="dotted.key=value overrides applied to every design")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
 
     from model.llama import Llama
-    from runtime.build import build_training_model
     from runtime.dist import init_distributed, shutdown
     from runtime.metrics import mfu, peak_flops
+    designs, notes = plan(args)
     di = init_distributed(args.device)
     if di.device.type == "cpu" and not args.no_malloc_tuning:
         from runtime.cpu import tune_glibc_malloc
         tune_glibc_malloc()
-    if args.models:
-        models = [(Path(words[0]).stem + "".join(f"[{o.split('.')[-1]}]" for o in words[1:]), [words[0]], words[1:])
-                  for words in map(shlex.split, args.models)]
-    else:
-        models = [("", args.config or ["configs/tiny_cpu.yaml"], [])]
+    cfg0 = designs[0].cfg
+    B, T = args.micro_batch or cfg0.train.micro_batch, args.seq_len or cfg0.data.seq_len
+    V = cfg0.model.vocab_size
+    cpu = di.device.type == "cpu"
     try:
-        runs = []
-        for label, paths, model_overrides in models:
-            for preset in args.presets:
-                cfg = load_config([*paths, f"configs/scale/{preset}.yaml"], [*model_overrides, *args.overrides])
-                vocab = args.vocab_size or cfg.model.vocab_size or 8192
-                cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab),
-                                          train=dataclasses.replace(cfg.train, compile=args.compile, seed=0))
-                built = build_training_model(cfg, di.device)
-                model, opt = built.model, built.optimizer
-                runs.append((f"{label}/{preset}" if label else preset, cfg, model, opt))
-        B = args.micro_batch or runs[0][1].train.micro_batch
-        T = args.seq_len or runs[0][1].data.seq_len
-        gen = torch.Generator().manual_seed(0)
-        V = runs[0][1].model.vocab_size
-        batches = [tuple(torch.randint(0, V, (B, T), generator=gen).to(di.device) for _ in range(2))
-                   for _ in range(args.warmup + args.steps)]
-        times: dict[str, list[float]] = {name: [] for name, *_ in runs}
-        peak_mem: dict[str, float] = {}
+        batches = make_batches(args.warmup + args.steps, B, T, V, di.device)
+        if args.memory_probe is not None:
+            print(json.dumps(memory_probe(designs[args.memory_probe], di.device, batches, T)))
+            return 0
+        for note in notes:
+            print(f"note: {note}", file=sys.stderr)
+        probes = run_probes(argv, designs, args.memory_jobs) if cpu and not args.no_memory else None
+        runners = {d.name: build(d, di.device, T) for d in designs}  # built while the probes run
+        peak_mem: dict[str, Optional[float]] = {}
+        if probes is not None:  # the probes finish before timing starts, so they never load the timed steps
+            peak_mem = {d.name: f.result() for d, f in zip(designs, probes)}
+        times: dict[str, list[float]] = {d.name: [] for d in designs}
         for i, batch in enumerate(batches):  # interleaved: step i of every design, then step i + 1
-            for name, cfg, model, opt in runs:
-                if di.device.type == "cuda":
+            for d in designs:
+                r = runners[d.name]
+                if not cpu:
                     torch.cuda.reset_peak_memory_stats()
-                    others = torch.cuda.memory_allocated() - resident_bytes(model, opt)
+                    others = torch.cuda.memory_allocated() - resident_bytes(r.model, r.optimizer)
                 t0 = time.perf_counter()
-                step_fn(model, opt, batch, cfg.optim.grad_clip, cfg.train.loss_chunk_tokens)
+                r.step(batch)
                 if i >= args.warmup:
-                    times[name].append(time.perf_counter() - t0)
-                if di.device.type == "cuda":  # this design's peak: the process peak minus what the others hold
+                    times[d.name].append(time.perf_counter() - t0)
+                if not cpu:  # this design's peak: the process peak minus what the others hold
                     mine = (torch.cuda.max_memory_allocated() - others) / 2**20
-                    peak_mem[name] = max(peak_mem.get(name, 0.0), mine)
+                    peak_mem[d.name] = max(peak_mem.get(d.name) or 0.0, mine)
         peak = peak_flops(di.device)
-        dev = torch.cuda.get_device_name(di.device) if di.device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
-        print(f"device {dev} | torch {torch.__version__} | batch {B}×{T} | vocab {V} | compile {args.compile} | "
-              f"dtype {runs[0][1].train.dtype} | {args.steps} timed steps after {args.warmup}")
-        w = max(12, *(len(name) + 2 for name, *_ in runs))
-        print(f"{'design':<{w}}{'params':>14}{'activated':>14}{'ms/step':>10}{'± sd':>8}{'tok/s':>10}{'MFU':>7}"
-              f"{'mem MiB':>10}{'ratio':>7}")
-        ref = None
-        for name, cfg, model, _ in runs:
-            ms = 1000 * statistics.median(times[name])
-            sd = 1000 * statistics.stdev(times[name]) if len(times[name]) > 1 else 0.0
+        with torch.device("meta"):
+            flops = {d.name: Llama(d.cfg.model).flops_per_token(T) for d in designs}  # hf-llama: its source's
+        rows = []
+        for d in designs:
+            ts = times[d.name]
+            ms = 1000 * statistics.median(ts)
             tok_s = B * T / (ms / 1000)
-            with torch.device("meta"):
-                flops = Llama(cfg.model).flops_per_token(T)
-            u = mfu(flops, tok_s, 1, peak)
-            ref = ref or ms
-            mem = f"{peak_mem[name]:.0f}" if name in peak_mem else "-"
-            print(f"{name:<{w}}{model.num_params():>14,}{model.activated_params():>14,}{ms:>10.1f}{sd:>8.1f}"
-                  f"{tok_s:>10.0f}"
-                  f"{(f'{100 * u:.1f}%' if u else '-'):>7}{mem:>10}{ms / ref:>7.3f}")
+            rows.append({"design": d.name, "params": runners[d.name].params, "activated": runners[d.name].activated,
+                         "ms_per_step": ms, "ms_sd": 1000 * statistics.stdev(ts) if len(ts) > 1 else 0.0,
+                         "tok_per_s": tok_s, "mfu": mfu(flops[d.name], tok_s, 1, peak),
+                         "peak_mem_mib": peak_mem.get(d.name)})
+        for r in rows:
+            r["time_ratio"] = r["ms_per_step"] / rows[0]["ms_per_step"]
+            m0, m = rows[0]["peak_mem_mib"], r["peak_mem_mib"]
+            r["mem_ratio"] = m / m0 if m is not None and m0 else None
+        dev = torch.cuda.get_device_name(di.device) if not cpu else f"cpu ({torch.get_num_threads()} threads)"
+        mem_how = ("max_memory_allocated per design" if not cpu else
+                   "-" if args.no_memory else "peak RSS growth, one process per design")
+        header = {"device": dev, "torch": torch.__version__, "batch": [B, T], "vocab": V, "compile": args.compile,
+                  "dtype": cfg0.train.dtype, "steps": args.steps, "warmup": args.warmup, "memory": mem_how}
+        print(f"device {dev} | torch {torch.__version__} | batch {B}×{T} | vocab {V} | compile {args.compile} | "
+              f"dtype {cfg0.train.dtype} | {args.steps} timed steps after {args.warmup} | mem: {mem_how}")
+        print(format_table(rows), end="")
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps({**header, "notes": notes, "rows": rows}, indent=1) + "\n")
     finally:
         shutdown(di)
     return 0
+
+
+def format_table(rows: list[dict]) -> str:
+    """The printed table: one header line, then one line per design (scripts and tests split it on whitespace)."""
+    def num(v, fmt):
+        return "-" if v is None else format(v, fmt)
+    w = max(12, *(len(r["design"]) + 2 for r in rows))
+    lines = [f"{'design':<{w}}{'params':>14}{'activated':>14}{'ms/step':>10}{'± sd':>8}{'tok/s':>10}{'MFU':>7}"
+             f"{'peak MiB':>10}{'time ×':>8}{'mem ×':>8}"]
+    for r in rows:
+        mfu_text = "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+        lines.append(f"{r['design']:<{w}}{r['params']:>14,}{r['activated']:>14,}{r['ms_per_step']:>10.1f}"
+                     f"{r['ms_sd']:>8.1f}{r['tok_per_s']:>10.0f}{mfu_text:>7}{num(r['peak_mem_mib'], '.0f'):>10}"
+                     f"{r['time_ratio']:>8.3f}{num(r['mem_ratio'], '.3f'):>8}")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
