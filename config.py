@@ -97,6 +97,13 @@ class TrainConfig:
     # On CPU, keep freed activations in glibc's heap instead of unmapping them every step (runtime/cpu.py): the
     # same numbers, fewer page faults. Off: the allocator's defaults.
     cpu_malloc_tuning: bool = True
+    # Recompute block activations in backward instead of keeping them (runtime/parallel.py): none | full (every
+    # block, ≈ one more forward) | selective (keep matmul and attention outputs, recompute the rest). Same numbers.
+    activation_checkpointing: Literal["none", "full", "selective"] = "none"
+    # FSDP2, per block: auto (every block but the last frees its gathered parameters after forward) | true | false
+    # (keep them gathered until backward: fewer all-gathers, more memory). Same numbers.
+    reshard_after_forward: Literal["auto", True, False] = "auto"
+    fsdp_prefetch: int = 0  # blocks whose all-gathers a block issues explicitly ahead; 0: FSDP2's implicit prefetch
     # The fused LM head + loss (model/loss.py) runs over chunks of this many tokens, so the (tokens, vocab) fp32
     # logits of a whole micro-batch never exist at once; 0 = the plain path (full logits, then cross-entropy).
     loss_chunk_tokens: int = 4096
@@ -136,6 +143,10 @@ class RunConfig:
                 bad.append((f"train.{key}", "must be positive"))
         if t.loss_chunk_tokens < 0:
             bad.append(("train.loss_chunk_tokens", "must be ≥ 0 (0 = the plain, unfused LM head + loss)"))
+        if not (t.reshard_after_forward == "auto" or isinstance(t.reshard_after_forward, bool)):
+            bad.append(("train.reshard_after_forward", f"{t.reshard_after_forward!r} must be auto, true or false"))
+        if t.fsdp_prefetch < 0:
+            bad.append(("train.fsdp_prefetch", f"{t.fsdp_prefetch} must be ≥ 0 (0: FSDP2's implicit prefetch)"))
         if t.micro_batch > 0 and t.global_batch % t.micro_batch:
             bad.append(("train.global_batch", f"{t.global_batch} is not a multiple of micro_batch={t.micro_batch}"))
         o, s = self.optim, self.schedule
