@@ -209,7 +209,9 @@ def resolve_vocab(cfg: RunConfig, n_vocab: Optional[int] = None) -> ModelConfig:
 
 # Keys a resumed run may change: where and how often it logs, evaluates and checkpoints, and how it runs.
 RESUMABLE_CHANGES = ("log.", "train.eval_every", "train.eval_tokens", "train.ckpt_every", "train.keep_ckpts",
-                     "train.compile", "train.cpu_malloc_tuning", "data.val_sets")
+                     "train.compile", "train.cpu_malloc_tuning", "train.loss_chunk_tokens",
+                     "train.activation_checkpointing", "train.reshard_after_forward", "train.fsdp_prefetch",
+                     "optim.muon.distributed", "data.val_sets")
 
 
 def resume_conflicts(saved_yaml: str, cfg: RunConfig) -> list[str]:

@@ -109,13 +109,15 @@ class Llama(nn.Module):
         self.lm_head = head.branch(d, V, cfg.norm_eps, role=Role.LM_HEAD)
         self.compiled_head: Optional[str] = None  # compile_for_training(): the backend of the fused head + loss
 
-    def compile_for_training(self, device: torch.device, dtype: torch.dtype, backend: str = "inductor") -> None:
+    def compile_for_training(self, device: torch.device, dtype: torch.dtype, backend: str = "inductor",
+                             fullgraph: Optional[bool] = None) -> None:
         """torch.compile each block in place (parameter names, and so roles and checkpoints, are unchanged) and the
         fused LM head + loss's chunk step (model/loss.py); the embedding and the loop stay eager. Every block is one
         graph (fullgraph: a break fails loudly) except an MoE on its exact per-expert loop, which needs the
-        experts' row counts on the host (the grouped GEMM path compiles whole)."""
-        probe = torch.empty(0, device=device, dtype=dtype)
-        fullgraph = all(moe.uses_grouped(probe) for _, moe in self.moe_layers())
+        experts' row counts on the host (the grouped GEMM path compiles whole). `fullgraph=False`: allow breaks."""
+        if fullgraph is None:
+            probe = torch.empty(0, device=device, dtype=dtype)
+            fullgraph = all(moe.uses_grouped(probe) for _, moe in self.moe_layers())
         for block in self.layers:
             block.compile(fullgraph=fullgraph, backend=backend)
         self.compiled_head = backend

@@ -39,13 +39,15 @@ def build_training_model(cfg: RunConfig, device: torch.device) -> TrainingModel:
                 prefetch=cfg.train.fsdp_prefetch)
     model.to_empty(device=device)
     model.init_weights(cfg.train.seed)
-    if cfg.train.compile and cfg.train.activation_checkpointing != "none":
-        if not compile_checkpointed_state() and cfg.model.moe is not None:
-            warnings.warn("train.activation_checkpointing with train.compile: this torch cannot trace a checkpointed "
-                          "MoE block (its counters are side effects), so those blocks run eagerly or, under "
-                          "fullgraph, fail to compile; the numbers are unchanged")
     if cfg.train.compile:
-        for block in model.layers:
-            block.compile()  # in place: parameter names (and so roles, checkpoints) are unchanged
+        traceable = True
+        if cfg.train.activation_checkpointing != "none":
+            traceable = compile_checkpointed_state() or cfg.model.moe is None
+            if not traceable:
+                warnings.warn("train.activation_checkpointing with train.compile: this torch cannot trace a "
+                              "checkpointed MoE block (its counters are side effects), so those blocks run eagerly; "
+                              "the numbers are unchanged")
+        # Blocks in place (parameter names, and so roles and checkpoints, are unchanged) and the fused head + loss
+        model.compile_for_training(device, compute_dtype, fullgraph=None if traceable else False)
     optimizer = build_optimizer(model, roles, cfg.optim, fused=device.type == "cuda")
     return TrainingModel(model, optimizer, roles, compute_dtype)
