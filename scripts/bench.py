@@ -14,12 +14,12 @@ backward, clip, optimizer step. ms/step is the median over the timed steps; tok/
 Memory. CUDA: per design in the timing process, torch.cuda.max_memory_allocated over its steps minus what the other
 designs hold (their parameters and optimizer state) — the caching allocator counts only live tensors, so the designs
 do not blur each other. CPU: the process's resident set cannot be split between designs that share it, so each
-design also runs alone in a child process of its own (`--memory-probe`, launched before the timing starts; several
-at once, which changes no process's own peak): its peak RSS over the same warmup + timed steps on the same batches
-(resource.getrusage ru_maxrss) minus the RSS it had after its imports and one step of a miniature of itself (which
-takes the lazy imports and one-time setup out of the count), before building the model. That growth is the
-parameters, gradients, optimizer state, activations and what the allocator keeps, under the same glibc setting as
-training (runtime/cpu.py); with --compile it includes the compiler's own Python-side memory.
+design also runs alone in a child process of its own (`--memory-probe`; all at once by default, which changes no
+process's own peak, and done before the timing process builds its models): its peak RSS over the same warmup +
+timed steps on the same batches (resource.getrusage ru_maxrss) minus the RSS it had after its imports and one step
+of a miniature of itself (which takes the lazy imports and one-time setup out of the count), before building the
+model. That growth is the parameters, gradients, optimizer state, activations and what the allocator keeps, under
+the same glibc setting as training (runtime/cpu.py); with --compile it includes the compiler's own Python-side memory.
 
 Reference row `hf-llama` (--hf-reference; on by default when transformers is installed and the first model is dense):
 transformers' LlamaForCausalLM with the first model's shapes (scripts/export_hf.py's config: padded vocab, untied
@@ -261,8 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hf-reference", action=argparse.BooleanOptionalAction, default=None,
                    help="add the transformers LlamaForCausalLM row (default: on when transformers is installed)")
     p.add_argument("--no-memory", action="store_true", help="CPU: skip the per-design memory processes")
-    p.add_argument("--memory-jobs", type=int, default=os.cpu_count() or 1,
-                   help="CPU: memory processes run at once (default: the core count; 1 for models near RAM size)")
+    p.add_argument("--memory-jobs", type=int, default=0,
+                   help="CPU: memory processes run at once (default 0: all designs; 1 for models near the RAM size)")
     p.add_argument("--json", type=Path, metavar="PATH", help="also write the table as JSON")
     p.add_argument("--memory-probe", type=int, help=argparse.SUPPRESS)  # internal: a child measuring one design
     p.add_argument("overrides", nargs="*", help="dotted.key=value overrides applied to every design")
@@ -292,11 +292,15 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         for note in notes:
             print(f"note: {note}", file=sys.stderr)
-        probes = run_probes(argv, designs, args.memory_jobs) if cpu and not args.no_memory else None
-        runners = {d.name: build(d, di.device, T) for d in designs}  # built while the probes run
         peak_mem: dict[str, Optional[float]] = {}
-        if probes is not None:  # the probes finish before timing starts, so they never load the timed steps
+        if cpu and not args.no_memory:
+            # The probes finish before this process builds its models: at no time does the machine hold more than
+            # all designs once (what this process holds anyway), and no probe loads the timed steps.
+            probes = run_probes(argv, designs, args.memory_jobs or len(designs))
+            if any(d.hf for d in designs):
+                import transformers  # noqa: F401  (slow; meanwhile)
             peak_mem = {d.name: f.result() for d, f in zip(designs, probes)}
+        runners = {d.name: build(d, di.device, T) for d in designs}
         times: dict[str, list[float]] = {d.name: [] for d in designs}
         for i, batch in enumerate(batches):  # interleaved: step i of every design, then step i + 1
             for d in designs:
