@@ -106,7 +106,7 @@ class TrainConfig:
     fsdp_prefetch: int = 0  # blocks whose all-gathers a block issues explicitly ahead; 0: FSDP2's implicit prefetch
     # The fused LM head + loss (model/loss.py) runs over chunks of this many tokens, so the (tokens, vocab) fp32
     # logits of a whole micro-batch never exist at once; 0 = the plain path (full logits, then cross-entropy).
-    loss_chunk_tokens: int = 4096
+    loss_chunk_tokens: int = 1024
 
 
 @dataclass

@@ -41,8 +41,11 @@ class HybridOptimizer(torch.optim.Optimizer):
         muon_groups = [g for g in groups if g["kind"] == "muon"]
         # The engines are built first: their constructors validate the groups and fill each group dict (the same
         # dict objects the outer optimizer keeps) with their own defaults (amsgrad, foreach, fused, nesterov, …).
-        # fused=None, not False, lets torch pick foreach on CUDA when fused is off.
-        self._adamw = torch.optim.AdamW(adamw_groups, fused=True if fused else None) if adamw_groups else None
+        # Unfused, the multi-tensor (foreach) kernels everywhere: torch picks them by itself only on CUDA, and on CPU
+        # the per-tensor loop pays Python and DTensor dispatch per parameter — the scale vectors are many small ones
+        # (114 tensors in the unified default: clip + step 73 → 46 ms, bit-identical parameters).
+        self._adamw = (torch.optim.AdamW(adamw_groups, fused=True if fused else None, foreach=None if fused else True)
+                       if adamw_groups else None)
         self._muon = Muon(muon_groups) if muon_groups else None
         super().__init__(groups, defaults={})
 

@@ -173,8 +173,8 @@ def plan(args) -> tuple[list[Design], list[str]]:
         for preset in args.presets:
             cfg = load_config([*paths, f"configs/scale/{preset}.yaml"], [*model_overrides, *args.overrides])
             vocab = args.vocab_size or cfg.model.vocab_size or 8192
-            cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab),
-                                      train=dataclasses.replace(cfg.train, compile=args.compile, seed=0))
+            train = dataclasses.replace(cfg.train, compile=args.compile or cfg.train.compile, seed=0)
+            cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab), train=train)
             designs.append(Design(f"{label}/{preset}" if label else preset, cfg))
     notes = []
     first = designs[0]
@@ -334,10 +334,12 @@ def main(argv: list[str] | None = None) -> int:
         dev = torch.cuda.get_device_name(di.device) if not cpu else f"cpu ({torch.get_num_threads()} threads)"
         mem_how = ("max_memory_allocated per design" if not cpu else
                    "-" if args.no_memory else "peak RSS growth, one process per design")
-        header = {"device": dev, "torch": torch.__version__, "batch": [B, T], "vocab": V, "compile": args.compile,
-                  "dtype": cfg0.train.dtype, "steps": args.steps, "warmup": args.warmup, "memory": mem_how}
-        print(f"device {dev} | torch {torch.__version__} | batch {B}×{T} | vocab {V} | compile {args.compile} | "
-              f"dtype {cfg0.train.dtype} | {args.steps} timed steps after {args.warmup} | mem: {mem_how}")
+        compiled = _one_or_mixed(d.cfg.train.compile for d in designs)
+        dtype = _one_or_mixed(d.cfg.train.dtype for d in designs)
+        header = {"device": dev, "torch": torch.__version__, "batch": [B, T], "vocab": V, "compile": compiled,
+                  "dtype": dtype, "steps": args.steps, "warmup": args.warmup, "memory": mem_how}
+        print(f"device {dev} | torch {torch.__version__} | batch {B}×{T} | vocab {V} | compile {compiled} | "
+              f"dtype {dtype} | {args.steps} timed steps after {args.warmup} | mem: {mem_how}")
         print(format_table(rows), end="")
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -360,6 +362,12 @@ def format_table(rows: list[dict]) -> str:
                      f"{r['ms_sd']:>8.1f}{r['tok_per_s']:>10.0f}{mfu_text:>7}{num(r['peak_mem_mib'], '.0f'):>10}"
                      f"{r['time_ratio']:>8.3f}{num(r['mem_ratio'], '.3f'):>8}")
     return "\n".join(lines) + "\n"
+
+
+def _one_or_mixed(values) -> object:
+    """The designs' common setting, or "per design" (the labels of --models say which)."""
+    distinct = set(values)
+    return distinct.pop() if len(distinct) == 1 else "per design"
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from scripts import bench, gpu_check
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--vocab-size", "512", "--micro-batch", "2", "--seq-len", "32", "--steps", "2", "--warmup", "1",
-        "--device", "cpu", "model.d_model=64", "model.n_layers=2", "model.n_heads=2"]
+        "--device", "cpu", "model.d_model=64", "model.n_layers=2", "model.n_heads=2", "train.compile=false"]
 
 
 def _rows(out: str) -> tuple[list[str], dict[str, list[str]]]:

@@ -15,7 +15,7 @@ def test_two_point_sweep_then_summary(data_dir, tmp_path):  # noqa: F811
                  f"data.dir={data_dir.dir}", f"data.source={data_dir.source}", "data.tokenizer=bpe:320",
                  "data.seq_len=32", "data.val_frac=0.2", "train.steps=3", "train.global_batch=4",
                  "train.micro_batch=4", "train.eval_every=3", "train.eval_tokens=256", "schedule.warmup_steps=1",
-                 "log.wandb.mode=disabled", "train.device=cpu"]
+                 "log.wandb.mode=disabled", "train.device=cpu", "train.compile=false"]
     env = {**os.environ, "OUT_DIR": str(tmp_path), "NPROC": "1", "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
     cmd = ["bash", "scripts/sweep_lr.sh", "configs/tiny_cpu.yaml", "1e-3", "3e-2", "--", *overrides]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
