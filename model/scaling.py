@@ -27,13 +27,35 @@ def rms_normalize(x: torch.Tensor, eps: float, n: Optional[int] = None) -> torch
 
     `n`: the logical width when the last dim carries zero padding (MoE experts): the mean square is Σx²/n, so the
     padded units (zeros) change nothing and the result equals the unpadded Norm."""
-    if n is None:
-        # The same math, op for op (bit-identical on CPU in fp64, fp32 and bf16: tests/test_model.py), and a fused
-        # kernel where torch has one (CUDA). The γ multiply stays outside: F.rms_norm's weight multiplies before the
-        # cast back to bf16, which would change bf16 numerics.
-        return F.rms_norm(x, (x.shape[-1],), eps=eps)
-    x32 = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-    return (x32 * torch.rsqrt(x32.pow(2).sum(-1, keepdim=True) / n + eps)).to(x.dtype)
+    return _Norm.apply(x, eps, n)
+
+
+class _Norm(torch.autograd.Function):
+    """y = x·r, r = (Σx²/n + eps)^(-1/2), with the backward written through the output:
+
+        ∂L/∂x = r · (g − y · Σ(g ⊙ y)/n),    g = ∂L/∂y,
+
+    exact (eps included), so backward keeps y and r instead of x. y is what the next op keeps anyway (the linear map
+    that reads a pre-norm, the vector multiply after DNP's inner Norm), so a Norm adds only r, (…, 1), to the saved
+    activations — where autograd's own formula would keep its input x as well. The forward is the plain formula op
+    for op (tests/test_model.py: bit-identical to F.rms_norm on CPU, values and gradients to the formula in fp64)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, eps: float, n: Optional[int]) -> torch.Tensor:
+        x32 = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        sq = x32.pow(2).mean(-1, keepdim=True) if n is None else x32.pow(2).sum(-1, keepdim=True) / n
+        r = torch.rsqrt(sq + eps)  # (…, 1), at least fp32
+        y = (x32 * r).to(x.dtype)
+        ctx.save_for_backward(y, r)
+        ctx.n = x.shape[-1] if n is None else n
+        return y
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        y, r = ctx.saved_tensors
+        g32, y32 = g.to(r.dtype), y.to(r.dtype)
+        dx = r * (g32 - y32 * ((g32 * y32).sum(-1, keepdim=True) / ctx.n))
+        return dx.to(g.dtype), None, None
 
 
 class ScaleVector(nn.Module):

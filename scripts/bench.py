@@ -228,7 +228,7 @@ def run_probes(argv: list[str], designs: list[Design], jobs: int) -> "list":
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
 
     def probe(k: int) -> Optional[float]:
-        cmd = [sys.executable, "-m", "scripts.bench", *argv, "--memory-probe", str(k)]
+        cmd = [sys.executable, "-m", "scripts.bench", "--memory-probe", str(k), *argv]  # options before a "--"
         done = subprocess.run(cmd, capture_output=True, text=True, env=env)
         try:
             return float(json.loads(done.stdout.strip().splitlines()[-1])["peak_mib"])

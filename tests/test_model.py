@@ -267,8 +267,17 @@ def test_scaled_linear_either_side_equals_the_formula(rows, inner):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 def test_rms_normalize_is_the_plain_formula_bit_for_bit(dtype):
-    """F.rms_norm (a fused kernel where torch has one) computes exactly the plain fp32-reduction formula on CPU."""
+    """Our Norm and F.rms_norm compute exactly the plain fp32-reduction formula on CPU."""
     x = torch.randn(5, 48, dtype=dtype) * 3
     x32 = x.float() if dtype == torch.bfloat16 else x
     plain = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-5)).to(dtype)
     assert torch.equal(rms_normalize(x, 1e-5), plain)
+    assert torch.equal(torch.nn.functional.rms_norm(x, (48,), eps=1e-5), plain)
+
+
+def test_norm_backward_through_its_output_is_exact():
+    """The Norm's backward (written through y and r, keeping no input): gradcheck in fp64, padded widths included."""
+    x = torch.randn(3, 4, 16, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: rms_normalize(t, 1e-3), (x,))
+    padded = torch.nn.functional.pad(torch.randn(3, 5, dtype=torch.float64), (0, 3)).requires_grad_()
+    assert torch.autograd.gradcheck(lambda t: rms_normalize(t, 1e-3, 5), (padded,))
