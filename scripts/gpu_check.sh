@@ -31,7 +31,7 @@ export PYTHONUNBUFFERED=1
 if [ "$DRY" = 1 ]; then
   BUDGET=${GPU_CHECK_BUDGET_S:-240}
   DEVICE=(--device cpu)
-  TINY=(model.d_model=64 model.n_layers=2 model.n_heads=2)
+  TINY=(model.d_model=64 model.n_layers=2 model.n_heads=2 train.compile=false)  # eager: the configs compile
   BENCH_012=("${DEVICE[@]}" --vocab-size 512 --seq-len 32 --micro-batch 2 --steps 2 --warmup 1 "${TINY[@]}")
   BENCH_1B=("${DEVICE[@]}" --vocab-size 512 --seq-len 32 --micro-batch 2 --steps 2 --warmup 1 --no-memory "${TINY[@]}")
   TRAIN=(train.device=cpu train.compile=false data.seq_len=32 train.micro_batch=2 train.eval_tokens=256 log.every=1

@@ -202,8 +202,8 @@ def test_nonfinite_loss_stops_before_checkpoint(data_dir, tmp_path, monkeypatch)
     real = model.llama.head_loss
     calls = {"n": 0}
 
-    def poisoned(*args):
-        loss = real(*args)
+    def poisoned(*args, **kwargs):
+        loss = real(*args, **kwargs)
         if not torch.is_grad_enabled():  # evaluation
             return loss
         calls["n"] += 1
