@@ -43,7 +43,7 @@ class HybridOptimizer(torch.optim.Optimizer):
         # dict objects the outer optimizer keeps) with their own defaults (amsgrad, foreach, fused, nesterov, …).
         # Unfused, the multi-tensor (foreach) kernels everywhere: torch picks them by itself only on CUDA, and on CPU
         # the per-tensor loop pays Python and DTensor dispatch per parameter — the scale vectors are many small ones
-        # (114 tensors in the unified default: clip + step 73 → 46 ms, bit-identical parameters).
+        # (114 tensors in the unified default).
         self._adamw = (torch.optim.AdamW(adamw_groups, fused=True if fused else None, foreach=None if fused else True)
                        if adamw_groups else None)
         self._muon = Muon(muon_groups) if muon_groups else None
