@@ -81,8 +81,8 @@ class _FusedHeadLoss(torch.autograd.Function):
         inv_rows = torch.full((), 1.0 / n_rows, dtype=_acc(h.dtype), device=h.device)  # d loss / d Σ_chunk CE
         wants = [ctx.needs_input_grad[6 + i] for i in range(len(params))]
         leaves = [p.detach().requires_grad_(w) for p, w in zip(params, wants)]
-        split = [len(n) for n in names]
-        by_module = [dict(zip(n, leaves[sum(split[:i]):sum(split[:i + 1])])) for i, n in enumerate(names)]
+        rest = iter(leaves)  # params are the modules' parameters in order: hand each module its own
+        by_module = [{n: next(rest) for n in module_names} for module_names in names]
         grad_h = torch.empty_like(h) if ctx.needs_input_grad[0] else None  # (N, d)
         grad_params = [torch.zeros_like(p, dtype=_acc(p.dtype)) if w else None for p, w in zip(params, wants)]
         wrt_params = [leaf for leaf, w in zip(leaves, wants) if w]

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import torch
 
 from config import RunConfig
-from model.config import Role
 from model.llama import Llama
 from optim import HybridOptimizer, build_optimizer
 from runtime.parallel import apply_activation_checkpointing, compile_checkpointed_state, resolve_dtype, shard_model
@@ -21,9 +20,7 @@ from runtime.parallel import apply_activation_checkpointing, compile_checkpointe
 @dataclass
 class TrainingModel:
     model: Llama  # FSDP2-sharded (one rank: a one-shard DTensor per parameter), initialized, maybe compiled
-    optimizer: HybridOptimizer
-    roles: dict[str, Role]  # parameter name → role (weight decay, Muon vs AdamW, telemetry)
-    compute_dtype: torch.dtype  # the forward/backward dtype (bf16 under FSDP2 mixed precision)
+    optimizer: HybridOptimizer  # parameter groups by role (weight decay, Muon vs AdamW)
 
 
 def build_training_model(cfg: RunConfig, device: torch.device) -> TrainingModel:
@@ -50,4 +47,4 @@ def build_training_model(cfg: RunConfig, device: torch.device) -> TrainingModel:
         # Blocks in place (parameter names, and so roles and checkpoints, are unchanged) and the fused head + loss
         model.compile_for_training(device, compute_dtype, fullgraph=None if traceable else False)
     optimizer = build_optimizer(model, roles, cfg.optim, fused=device.type == "cuda")
-    return TrainingModel(model, optimizer, roles, compute_dtype)
+    return TrainingModel(model, optimizer)
