@@ -96,7 +96,8 @@ def terminal_table(figure, runs: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def draw_figure(figure, runs: dict, out_dir: Path, log_x: bool = False) -> list[Path]:
+def draw_figure(figure, runs: dict, out_dir: Path, log_x: bool = False, name: str | None = None,
+                formats: tuple[str, ...] = ("png", "svg"), table: bool = True) -> list[Path]:
     """A figure in the paper's arrangement, one row per panel: validation loss against tokens (left) and its Δ to
     the panel's reference (right, as Figs. 1 and 5), each curve the mean over seeds with a min–max band. `runs` maps
     each of the figure's run names to its Run objects (one per seed). Writes PNG, SVG and the terminal table."""
@@ -136,11 +137,14 @@ def draw_figure(figure, runs: dict, out_dir: Path, log_x: bool = False) -> list[
         row[0].set_ylabel("validation loss")
     fig.tight_layout()
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / f"fig{figure.number}.png", out_dir / f"fig{figure.number}.svg"]
+    name = name or f"fig{figure.number}"
+    paths = [out_dir / f"{name}.{fmt}" for fmt in formats]
     for path in paths:
         fig.savefig(path, dpi=120)
     plt.close(fig)
-    table = out_dir / f"fig{figure.number}_terminal.md"
-    table.write_text(terminal_table(figure, runs))
-    print(table.read_text())
-    return [*paths, table]
+    if not table:
+        return paths
+    table_path = out_dir / f"{name}_terminal.md"
+    table_path.write_text(terminal_table(figure, runs))
+    print(table_path.read_text())
+    return [*paths, table_path]

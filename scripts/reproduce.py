@@ -10,9 +10,10 @@ directory, `<out-dir>/<run name>[-tiny][-s<seed>]`: a finished one is skipped an
 same command continues an interrupted reproduction. At the end the figure is drawn from the runs' metrics.jsonl
 (scripts/plot.py: curves, Δ-loss against each panel's reference, mean and band over seeds, the terminal-delta table).
 
---scale tiny layers configs/proxy/tiny.yaml over each run (the built-in corpus and batch) with a width of
-d_model/3 rounded to a multiple of 64 (Llama-0.12B → 256, the built-in default's) and 1.2 % of the paper's steps
-(20k → 240): the same comparisons at a size that runs in minutes on 2 CPU cores.
+--scale tiny layers configs/proxy/tiny.yaml over each run (the built-in corpus, 16 × 256-token batches, compiled
+bf16) with a width of d_model/6 rounded to a multiple of 32 (Llama-0.12B → 128, heads of 32) and 4.69e-5 of the
+paper's tokens (Llama-0.12B's 20k steps → 120): the same comparisons at a size where one run takes about a minute
+on 2 CPU cores. `python -m scripts.results` runs the measured reproduction of docs/results.md on this proxy.
 """
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ from config import ConfigError, load_config
 from scripts.figures import FIGURES, Figure
 
 TINY = Path("configs/proxy/tiny.yaml")
-TINY_STEP_FRACTION = 0.012
+TINY_TOKEN_FRACTION = 120 * 16 * 256 / (20_000 * 512 * 1024)  # Llama-0.12B: 20k steps → 120
+TINY_HEAD_DIM = 32
 
 
 @dataclass(frozen=True)
@@ -40,29 +42,36 @@ class Job:
 
 
 def jobs(fig: Figure, scale: str, seeds: int, out_dir: str, overrides: list[str] = ()) -> list[Job]:
-    out = []
-    for run in fig.runs:
-        path = Path(os.path.relpath(fig.config(run)))  # as a user would type it from the repository root
-        cfg = load_config(path)
-        for seed in range(seeds):
-            name = cfg.log.run_name + ("-tiny" if scale == "tiny" else "") + (f"-s{seed}" if seeds > 1 else "")
-            argv = ["--config", str(path)]
-            extra = [f"log.out_dir={out_dir}", f"log.run_name={name}"]
-            if scale == "tiny":
-                argv += ["--config", str(TINY)]
-                extra += [*tiny_sizes(cfg), f"log.wandb.group=fig{fig.number}-tiny"]
-            if seeds > 1:
-                extra.append(f"train.seed={seed}")
-            out.append(Job(run, seed, name, argv + extra + list(overrides)))
-    return out
+    return [make_job(fig, run, scale, seed, seeds, out_dir, overrides) for run in fig.runs for seed in range(seeds)]
+
+
+def make_job(fig: Figure, run: str, scale: str, seed: int, seeds: int, out_dir: str, overrides: list[str] = (),
+             suffix: str = "") -> Job:
+    """One (run, seed) of a figure. `overrides` come last (they win over the proxy's sizes); `suffix` tells apart
+    the run directories of a run changed by them (scripts/results.py's lr grid: "-lr2e-3")."""
+    path = Path(os.path.relpath(fig.config(run)))  # as a user would type it from the repository root
+    cfg = load_config(path)
+    name = cfg.log.run_name + ("-tiny" if scale == "tiny" else "") + suffix + (f"-s{seed}" if seeds > 1 else "")
+    argv = ["--config", str(path)]
+    extra = [f"log.out_dir={out_dir}", f"log.run_name={name}"]
+    if scale == "tiny":
+        argv += ["--config", str(TINY)]
+        extra += [*tiny_sizes(cfg), f"log.wandb.group=fig{fig.number}-tiny"]
+    if seeds > 1:
+        extra.append(f"train.seed={seed}")
+    return Job(run, seed, name, argv + extra + list(overrides))
 
 
 def tiny_sizes(cfg) -> list[str]:
-    """The proxy's width, heads and steps for a paper run; a d_ffn the run sets keeps its offset from the default
+    """The proxy's width, heads and steps for a paper run: width d_model/6 rounded to a multiple of 32 (heads of 32;
+    Llama-0.12B → 128), and 4.69e-5 of the run's tokens in the proxy's batches (Llama-0.12B's 10.5B → 120 steps of
+    16 × 256; a 4 × 512-sequence run gets 4 × the steps). A d_ffn the run sets keeps its offset from the default
     int(8d/3) (Fig. 10's Llama-large: + 8)."""
-    d = max(128, 64 * round(cfg.model.d_model / 3 / 64))
-    out = [f"model.d_model={d}", f"model.n_heads={d // 64}",
-           f"train.steps={max(30, round(cfg.train.steps * TINY_STEP_FRACTION))}"]
+    d = max(64, TINY_HEAD_DIM * round(cfg.model.d_model / 6 / TINY_HEAD_DIM))
+    tiny = load_config(TINY)
+    tokens = cfg.train.steps * cfg.train.global_batch * cfg.data.seq_len * TINY_TOKEN_FRACTION
+    steps = max(30, round(tokens / (tiny.train.global_batch * tiny.data.seq_len)))
+    out = [f"model.d_model={d}", f"model.n_heads={d // TINY_HEAD_DIM}", f"train.steps={steps}"]
     if cfg.model.d_ffn is not None:
         out.append(f"model.d_ffn={int(8 * d / 3) + cfg.model.d_ffn - int(8 * cfg.model.d_model / 3)}")
     return out
