@@ -64,10 +64,10 @@ if __name__ == "__main__":
 
 # ------------------------------------------------------------------------------------------------ paper figures
 
-def _mean_curve(runs, metric: str = "val_loss") -> tuple[list[float], list[list[float]]]:
-    """Token points shared by every seed, and each seed's values there."""
+def _mean_curve(runs, metric: str = "val_loss", from_tokens: int = 0) -> tuple[list[float], list[list[float]]]:
+    """Token points (from `from_tokens` on) shared by every seed, and each seed's values there."""
     curves = [dict(zip(*series(r.records, metric, "tokens"))) for r in runs]
-    xs = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+    xs = sorted(x for x in set.intersection(*(set(c) for c in curves)) if x >= from_tokens) if curves else []
     return xs, [[c[x] for x in xs] for c in curves]
 
 
@@ -97,10 +97,11 @@ def terminal_table(figure, runs: dict) -> str:
 
 
 def draw_figure(figure, runs: dict, out_dir: Path, log_x: bool = False, name: str | None = None,
-                formats: tuple[str, ...] = ("png", "svg"), table: bool = True) -> list[Path]:
+                formats: tuple[str, ...] = ("png", "svg"), table: bool = True, from_tokens: int = 0) -> list[Path]:
     """A figure in the paper's arrangement, one row per panel: validation loss against tokens (left) and its Δ to
     the panel's reference (right, as Figs. 1 and 5), each curve the mean over seeds with a min–max band. `runs` maps
-    each of the figure's run names to its Run objects (one per seed). Writes PNG, SVG and the terminal table."""
+    each of the figure's run names to its Run objects (one per seed). Writes PNG, SVG and the terminal table.
+    `from_tokens` drops earlier evaluations (1: the step-0 loss at init, which would set the Δ plot's scale)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -108,9 +109,9 @@ def draw_figure(figure, runs: dict, out_dir: Path, log_x: bool = False, name: st
     panels = figure.panels
     fig, axes = plt.subplots(len(panels), 2, figsize=(11, 3.6 * len(panels)), squeeze=False)
     for row, panel in zip(axes, panels):
-        ref_x, ref_ys = _mean_curve(runs[panel.curves[0]])
+        ref_x, ref_ys = _mean_curve(runs[panel.curves[0]], from_tokens=from_tokens)
         for curve in panel.curves:
-            xs, ys = _mean_curve(runs[curve])
+            xs, ys = _mean_curve(runs[curve], from_tokens=from_tokens)
             mean = [sum(col) / len(col) for col in zip(*ys)]
             line = row[0].plot(xs, mean, label=curve)[0]
             if len(ys) > 1:

@@ -140,12 +140,16 @@ def ordering(res: Results, comp, curves, metric: str) -> list[str]:
 def plot(res: Results, comp, curves, img_dir: Path, name: str, panels: Optional[list] = None) -> Optional[str]:
     from scripts.plot import draw_figure
     runs = res.runs_of(comp, curves)
-    drawable = [Panel(title, tuple(c.label for c in cs if c.label in runs), ())
-                for title, cs in panels or [(comp.title, curves)] if cs[0].label in runs]  # a Δ needs its reference
+    number = comp.key.split("-")[0].removeprefix("fig")
+    title = comp.title.removeprefix(f"Fig. {number}, ")
+    drawable = [Panel(t, tuple(c.label for c in cs if c.label in runs), ())
+                for t, cs in panels or [(title, curves)] if cs[0].label in runs]  # a Δ needs its reference
     if not drawable:
         return None
-    number = comp.key.split("-")[0].removeprefix("fig")
-    draw_figure(Figure(number, comp.title, tuple(drawable)), runs, img_dir, name=name, formats=("png",), table=False)
+    # From the first evaluation after step 0: the losses at init differ by design (DNP's Norm of the logits) and
+    # would set the scale of the Δ plot.
+    draw_figure(Figure(number, comp.title, tuple(drawable)), runs, img_dir, name=name, formats=("png",), table=False,
+                from_tokens=1)
     return f"img/results/{name}.png"
 
 
@@ -279,11 +283,14 @@ def proxy_section(res: Results) -> list[str]:
         tokens = steps * r.cfg.train.global_batch * r.cfg.data.seq_len
         out.append(f"| {d} | {layers} | {heads} | {total:,} | {non_emb:,} | {steps} × {r.cfg.train.global_batch} × "
                    f"{r.cfg.data.seq_len} | {tokens:,} | {tokens / total:.2g} |")
-    from data.shards import load_meta
-    meta = load_meta(runs[0].cfg.data.dir)
-    out += ["", f"The training corpus holds {meta.splits['train'].tokens:,} tokens ({runs[0].cfg.data.dir}), its "
-            f"validation split {meta.splits['val'].tokens:,}, of which each evaluation reads the first "
-            f"{min(runs[0].cfg.train.eval_tokens, meta.splits['val'].tokens):,}."]
+    from data.shards import DataError, load_meta
+    try:
+        meta = load_meta(runs[0].cfg.data.dir)
+        out += ["", f"The training corpus holds {meta.splits['train'].tokens:,} tokens ({runs[0].cfg.data.dir}), "
+                f"its validation split {meta.splits['val'].tokens:,}, of which each evaluation reads the first "
+                f"{min(runs[0].cfg.train.eval_tokens, meta.splits['val'].tokens):,}."]
+    except DataError:  # the runs' data is not prepared here (a page rewritten from archived runs)
+        pass
     return out + ["", f"The paper's Llama-0.12B sees {PAPER_TOKENS_PER_PARAM:.0f} tokens per parameter "
                   "(10.5B tokens, 119.7M parameters; PAPER.md §2.3, §3.1).", ""]
 
