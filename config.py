@@ -92,7 +92,11 @@ class TrainConfig:
     compile: bool = False
     # auto: bf16 mixed precision on CUDA, fp32 on CPU; float64 runs everything in double (reference tests)
     dtype: Literal["auto", "float32", "bfloat16", "float64"] = "auto"
-    on_nonfinite: Literal["stop"] = "stop"  # a NaN/inf loss or grad norm stops the run before any checkpoint
+    # A step whose loss or gradient norm is NaN/inf: stop (before any checkpoint sees that state) | skip (no update on
+    # any rank, optimizer state untouched, counted as `skipped_steps` in metrics.jsonl; the run still stops after
+    # max_consecutive_skips of them in a row: a diverged run does not skip its way to the end)
+    on_nonfinite: Literal["stop", "skip"] = "stop"
+    max_consecutive_skips: int = 5
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # On CPU, keep freed activations in glibc's heap instead of unmapping them every step (runtime/cpu.py): the
     # same numbers, fewer page faults. Off: the allocator's defaults.
@@ -138,7 +142,8 @@ class RunConfig:
         bad = [(f"model.{k}", p) for k, p in self.model.invariants()]
         bad += [(f"data.{k}", p) for k, p in self.data.invariants()]
         t = self.train
-        for key in ("steps", "global_batch", "micro_batch", "eval_every", "eval_tokens", "ckpt_every", "keep_ckpts"):
+        for key in ("steps", "global_batch", "micro_batch", "eval_every", "eval_tokens", "ckpt_every", "keep_ckpts",
+                    "max_consecutive_skips"):
             if getattr(t, key) <= 0:
                 bad.append((f"train.{key}", "must be positive"))
         if t.loss_chunk_tokens < 0:
@@ -209,6 +214,7 @@ def resolve_vocab(cfg: RunConfig, n_vocab: Optional[int] = None) -> ModelConfig:
 
 # Keys a resumed run may change: where and how often it logs, evaluates and checkpoints, and how it runs.
 RESUMABLE_CHANGES = ("log.", "train.eval_every", "train.eval_tokens", "train.ckpt_every", "train.keep_ckpts",
+                     "train.on_nonfinite", "train.max_consecutive_skips",
                      "train.compile", "train.cpu_malloc_tuning", "train.loss_chunk_tokens",
                      "train.activation_checkpointing", "train.reshard_after_forward", "train.fsdp_prefetch",
                      "optim.muon.distributed", "data.val_sets")
