@@ -157,14 +157,22 @@ class RunConfig:
         o, s = self.optim, self.schedule
         if not (math.isfinite(o.lr) and o.lr > 0):
             bad.append(("optim.lr", f"{o.lr} must be a positive finite number"))
-        if o.weight_decay < 0 or o.grad_clip < 0:
-            bad.append(("optim.weight_decay", "weight_decay and grad_clip must be ≥ 0"))
+        if o.weight_decay < 0:
+            bad.append(("optim.weight_decay", f"{o.weight_decay} must be ≥ 0"))
+        if o.grad_clip < 0:
+            bad.append(("optim.grad_clip", f"{o.grad_clip} must be ≥ 0 (0 disables clipping)"))
+        if o.eps <= 0:
+            bad.append(("optim.eps", f"{o.eps} must be positive"))
+        if o.muon.eps <= 0:
+            bad.append(("optim.muon.eps", f"{o.muon.eps} must be positive"))
         if not all(0 <= b < 1 for b in o.betas):
             bad.append(("optim.betas", f"{o.betas} must lie in [0, 1)"))
         if not 0 <= o.muon.momentum < 1:
             bad.append(("optim.muon.momentum", f"{o.muon.momentum} must lie in [0, 1)"))
         if not 0 < o.muon.ns_steps < 100:
             bad.append(("optim.muon.ns_steps", f"{o.muon.ns_steps} must lie in [1, 99]"))
+        if self.log.every <= 0:
+            bad.append(("log.every", f"{self.log.every} must be positive"))
         names = [Path(p).name for p in self.data.val_sets]
         if "val" in names or len(set(names)) != len(names):
             bad.append(("data.val_sets", f"folder names {names} must be unique and not 'val' (they name the "
@@ -323,9 +331,11 @@ def _read_chain(path: Path, seen: tuple[Path, ...]) -> dict:
     if path in seen:
         raise ConfigError(f"config {path}: `base:` chain loops back to itself ({' → '.join(map(str, seen))})")
     try:
-        data = yaml.load(path.read_text(), Loader=_YAML_LOADER) or {}
+        data = yaml.load(path.read_text(), Loader=_YAML_LOADER)
     except yaml.YAMLError as e:
         raise ConfigError(f"config {path} is not valid YAML: {e}") from None
+    if data is None:  # an empty file (or only comments) is a mistake, not a request for every default
+        raise ConfigError(f"config {path} is empty; give a mapping of settings (see configs/base.yaml)")
     if not isinstance(data, dict):
         raise ConfigError(f"config {path}: expected a mapping at the top level, got {type(data).__name__}")
     base = data.pop("base", None)
@@ -413,6 +423,8 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
         number = _as_float(value)  # PyYAML reads `1e-3` (no dot) as a string
         if number is None:
             raise ConfigError(f"{key}: expected a number, got {type(value).__name__} {value!r}")
+        if not math.isfinite(number):  # no setting means NaN or ±inf; one would poison the run silently
+            raise ConfigError(f"{key}: {value!r} is not a finite number")
         return number
     if tp is str:
         if not isinstance(value, str):
