@@ -18,10 +18,10 @@ from runtime.checkpoint import latest_checkpoint, load_model_weights
 from multiproc import free_port, spawn
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory, shared_dir) -> DataConfig:
-    """A tiny prepared corpus: 24 documents cut from tinyshakespeare, a 320-token trained BPE."""
+def data_dir(tmp_path_factory, shakespeare_text) -> DataConfig:
+    """A tiny prepared corpus: 24 documents cut from Shakespeare, a 320-token trained BPE."""
     root = tmp_path_factory.mktemp("train_data")
-    text = (shared_dir / "data/tinyshakespeare/input.txt").read_text()[:240_000]
+    text = shakespeare_text[:240_000]
     docs = root / "docs"
     docs.mkdir()
     for i in range(24):
@@ -100,11 +100,12 @@ def test_run_dir_contract(data_dir, tmp_path):
     assert latest_checkpoint(run / "checkpoints").name.endswith("6")
 
 
-def test_extra_eval_set_is_logged(data_dir, tmp_path, shared_dir):
-    """An eval-only set (WikiText-2 test, tokenized like the training data) becomes val_loss/<folder name>."""
+def test_extra_eval_set_is_logged(data_dir, tmp_path, shakespeare_text):
+    """An eval-only set (text never trained on, tokenized like the training data) becomes val_loss/<folder name>."""
     wiki = tmp_path / "wikitext2"
-    eval_cfg = DataConfig(source=str(shared_dir / "data/wikitext-2-raw-test/wiki.test.raw"), dir=str(wiki),
-                          txt_document="paragraph")
+    held_out = tmp_path / "held_out.txt"
+    held_out.write_text(shakespeare_text[600_000:700_000])
+    eval_cfg = DataConfig(source=str(held_out), dir=str(wiki), txt_document="paragraph")
     prepare(eval_cfg, eval_only=True, like=data_dir.dir, progress=False)
     train.main(args_for(data_dir, tmp_path, "extra", f"data.val_sets=[{wiki}]", "train.steps=3",
                         "schedule.warmup_steps=1"))
@@ -377,12 +378,12 @@ def test_sigterm_checkpoints_and_resumes(data_dir, tmp_path):
     assert summary["step"] == stopped + 1
 
 
-def test_epochs_are_logged_and_a_repeat_warns(tmp_path, shared_dir, capsys):
+def test_epochs_are_logged_and_a_repeat_warns(tmp_path, shakespeare_text, capsys):
     """A corpus smaller than the run: a warning up front, another at the step that starts epoch 2, and `epoch` in
     every train record."""
     docs = tmp_path / "docs"
     docs.mkdir()
-    text = (shared_dir / "data/tinyshakespeare/input.txt").read_text()
+    text = shakespeare_text
     for i in range(3):
         (docs / f"doc{i}.txt").write_text(text[i * 1500:(i + 1) * 1500])
     small = DataConfig(source=str(docs), dir=str(tmp_path / "small"), tokenizer="bpe:320", seq_len=32,
