@@ -61,7 +61,7 @@ class Episode:
 def command(out: Path, name: str, seed: int, steps: int) -> list[str]:
     """A tiny unified model on the built-in corpus, 2 ranks, a checkpoint every 2 steps, fp32 eager (bit-exact
     resume holds in fp32, DESIGN.md)."""
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=0",
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
             str(REPO / "train.py"), "--config", str(REPO / "configs" / "tiny_cpu.yaml"),
             "model.d_model=64", "model.n_heads=2", "model.n_layers=2", f"train.steps={steps}",
             "train.global_batch=8", "train.micro_batch=2", "train.eval_every=1000000", "train.eval_tokens=4096",
@@ -101,17 +101,48 @@ def last_step(run: Path) -> int:
     return max(steps, default=0)
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (torchrun starts each rank in a session of its own, so a process group is not
+    enough to reach them)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
 def kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    """SIGKILL the launcher and every rank at once: nothing gets to run a handler or finish a write."""
+    pids = [proc.pid, *descendants(proc.pid)]
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     proc.wait()
+    deadline = time.monotonic() + 30
+    while any(alive(pid) for pid in pids[1:]) and time.monotonic() < deadline:  # ranks reparented to init
+        time.sleep(0.01)
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
 
 
 def run_with_kills(out: Path, name: str, seed: int, steps: int, kills: int, rng: random.Random, episode: int,
-                   deadline: float, duration: float) -> Episode:
-    """`duration`: the uninterrupted run's wall time; random kills land within it."""
+                   deadline: float) -> Episode:
     ep = Episode(seed)
     ckpts, log = out / name / "checkpoints", out / f"{name}.log"
     cmd = command(out, name, seed, steps)
@@ -133,7 +164,8 @@ def run_with_kills(out: Path, name: str, seed: int, steps: int, kills: int, rng:
                 raise SystemExit(f"soak: the last launch of {name} failed (exit {proc.returncode}); see {log}")
             return ep
         kind = "random" if len(ep.kills) % 2 else "checkpoint-write"
-        killed = wait_and_kill(proc, kind, ckpts, stale, rng, duration)
+        seen = max([k.at_step for k in ep.kills], default=0)  # metrics.jsonl holds up to here until truncated
+        killed = wait_and_kill(proc, kind, ckpts, stale, rng, seen, steps)
         if killed is None:  # the run finished before the kill
             return ep
         at_step, during = killed
@@ -142,15 +174,24 @@ def run_with_kills(out: Path, name: str, seed: int, steps: int, kills: int, rng:
 
 
 def wait_and_kill(proc: subprocess.Popen, kind: str, ckpts: Path, stale: set[str], rng: random.Random,
-                  duration: float) -> tuple[int, bool] | None:
+                  seen: int, steps: int) -> tuple[int, bool] | None:
     """Kill `proc` at a random moment or during a checkpoint write; (last logged step, during a write) or None if
-    the run ended first."""
+    the run ended first. A random moment is, one time in four, within the first seconds (start-up: imports, the
+    process group, loading the checkpoint), else a random fraction of a second after a random step."""
     if kind == "random":
-        until = time.monotonic() + rng.uniform(0.1, 0.9) * duration  # start-up included: some kills land in it
-        while time.monotonic() < until:
-            if proc.poll() is not None:
-                return None
-            time.sleep(0.01)
+        if rng.random() < 0.25 or seen + 1 > steps - 2:
+            until = time.monotonic() + rng.uniform(0.3, 2.5)
+            while time.monotonic() < until:
+                if proc.poll() is not None:
+                    return None
+                time.sleep(0.01)
+        else:
+            target = rng.randint(seen + 1, steps - 2)
+            while last_step(ckpts.parent) < target:
+                if proc.poll() is not None:
+                    return None
+                time.sleep(0.01)
+            time.sleep(rng.uniform(0.0, 0.2))
     else:
         while not tmp_dirs(ckpts) - stale:
             if proc.poll() is not None:
@@ -164,17 +205,18 @@ def wait_and_kill(proc: subprocess.Popen, kind: str, ckpts: Path, stale: set[str
 
 
 def resumed_step(log: Path, offset: int, proc: subprocess.Popen) -> int:
-    """Wait until the launch (its output from `offset` on) says where it resumed from, or that it started afresh."""
+    """The step the launch (its output from `offset` on) resumed from, -1 if it started afresh."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         with open(log, "rb") as f:
             f.seek(offset)
             text = f.read().decode(errors="replace")
-        for line in text.splitlines():
-            if "resumed from " in line:
-                return int(line.rsplit("at step ", 1)[1].split()[0])
-            if line.startswith("step ") or line.startswith("eval step 0"):
+        for line in text.splitlines():  # log.every = 1: the first step a launch logs is the one after its start
+            if line.startswith("eval step 0:"):
                 return -1
+            if line.startswith("step ") and "/" in line.split()[1]:
+                first = int(line.split()[1].split("/")[0])
+                return first - 1 if first > 1 else -1
         if proc.poll() is not None:
             break
         time.sleep(0.05)
@@ -238,15 +280,13 @@ def main(argv: list[str] | None = None) -> int:
         i = len(episodes)
         seed = i  # a new seed per episode: new init, new data order
         ref = out / f"reference-s{seed}"
-        started = time.monotonic()
         proc = launch(command(out, ref.name, seed, args.steps), out, out / f"{ref.name}.log")
         if proc.wait() != 0:
             print(f"soak: the reference run failed; see {out / ref.name}.log", file=sys.stderr)
             return 1
-        duration = time.monotonic() - started
         name = f"killed-s{seed}"
         ep = run_with_kills(out, name, seed, args.steps, args.kills, rng, i,
-                            deadline if args.minutes else float("inf"), duration)
+                            deadline if args.minutes else float("inf"))
         ep.max_loss_diff, ep.differing_tensors, ep.tensors = compare(ref, out / name)
         ep.ok = ep.max_loss_diff == 0 and ep.differing_tensors == 0
         episodes.append(ep)
