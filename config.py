@@ -92,7 +92,11 @@ class TrainConfig:
     compile: bool = False
     # auto: bf16 mixed precision on CUDA, fp32 on CPU; float64 runs everything in double (reference tests)
     dtype: Literal["auto", "float32", "bfloat16", "float64"] = "auto"
-    on_nonfinite: Literal["stop"] = "stop"  # a NaN/inf loss or grad norm stops the run before any checkpoint
+    # A step whose loss or gradient norm is NaN/inf: stop (before any checkpoint sees that state) | skip (no update on
+    # any rank, optimizer state untouched, counted as `skipped_steps` in metrics.jsonl; the run still stops after
+    # max_consecutive_skips of them in a row: a diverged run does not skip its way to the end)
+    on_nonfinite: Literal["stop", "skip"] = "stop"
+    max_consecutive_skips: int = 5
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # On CPU, keep freed activations in glibc's heap instead of unmapping them every step (runtime/cpu.py): the
     # same numbers, fewer page faults. Off: the allocator's defaults.
@@ -138,7 +142,8 @@ class RunConfig:
         bad = [(f"model.{k}", p) for k, p in self.model.invariants()]
         bad += [(f"data.{k}", p) for k, p in self.data.invariants()]
         t = self.train
-        for key in ("steps", "global_batch", "micro_batch", "eval_every", "eval_tokens", "ckpt_every", "keep_ckpts"):
+        for key in ("steps", "global_batch", "micro_batch", "eval_every", "eval_tokens", "ckpt_every", "keep_ckpts",
+                    "max_consecutive_skips"):
             if getattr(t, key) <= 0:
                 bad.append((f"train.{key}", "must be positive"))
         if t.loss_chunk_tokens < 0:
@@ -152,14 +157,22 @@ class RunConfig:
         o, s = self.optim, self.schedule
         if not (math.isfinite(o.lr) and o.lr > 0):
             bad.append(("optim.lr", f"{o.lr} must be a positive finite number"))
-        if o.weight_decay < 0 or o.grad_clip < 0:
-            bad.append(("optim.weight_decay", "weight_decay and grad_clip must be ≥ 0"))
+        if o.weight_decay < 0:
+            bad.append(("optim.weight_decay", f"{o.weight_decay} must be ≥ 0"))
+        if o.grad_clip < 0:
+            bad.append(("optim.grad_clip", f"{o.grad_clip} must be ≥ 0 (0 disables clipping)"))
+        if o.eps <= 0:
+            bad.append(("optim.eps", f"{o.eps} must be positive"))
+        if o.muon.eps <= 0:
+            bad.append(("optim.muon.eps", f"{o.muon.eps} must be positive"))
         if not all(0 <= b < 1 for b in o.betas):
             bad.append(("optim.betas", f"{o.betas} must lie in [0, 1)"))
         if not 0 <= o.muon.momentum < 1:
             bad.append(("optim.muon.momentum", f"{o.muon.momentum} must lie in [0, 1)"))
         if not 0 < o.muon.ns_steps < 100:
             bad.append(("optim.muon.ns_steps", f"{o.muon.ns_steps} must lie in [1, 99]"))
+        if self.log.every <= 0:
+            bad.append(("log.every", f"{self.log.every} must be positive"))
         names = [Path(p).name for p in self.data.val_sets]
         if "val" in names or len(set(names)) != len(names):
             bad.append(("data.val_sets", f"folder names {names} must be unique and not 'val' (they name the "
@@ -209,6 +222,7 @@ def resolve_vocab(cfg: RunConfig, n_vocab: Optional[int] = None) -> ModelConfig:
 
 # Keys a resumed run may change: where and how often it logs, evaluates and checkpoints, and how it runs.
 RESUMABLE_CHANGES = ("log.", "train.eval_every", "train.eval_tokens", "train.ckpt_every", "train.keep_ckpts",
+                     "train.on_nonfinite", "train.max_consecutive_skips",
                      "train.compile", "train.cpu_malloc_tuning", "train.loss_chunk_tokens",
                      "train.activation_checkpointing", "train.reshard_after_forward", "train.fsdp_prefetch",
                      "optim.muon.distributed", "data.val_sets")
@@ -317,9 +331,11 @@ def _read_chain(path: Path, seen: tuple[Path, ...]) -> dict:
     if path in seen:
         raise ConfigError(f"config {path}: `base:` chain loops back to itself ({' → '.join(map(str, seen))})")
     try:
-        data = yaml.load(path.read_text(), Loader=_YAML_LOADER) or {}
+        data = yaml.load(path.read_text(), Loader=_YAML_LOADER)
     except yaml.YAMLError as e:
         raise ConfigError(f"config {path} is not valid YAML: {e}") from None
+    if data is None:  # an empty file (or only comments) is a mistake, not a request for every default
+        raise ConfigError(f"config {path} is empty; give a mapping of settings (see configs/base.yaml)")
     if not isinstance(data, dict):
         raise ConfigError(f"config {path}: expected a mapping at the top level, got {type(data).__name__}")
     base = data.pop("base", None)
@@ -407,6 +423,8 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
         number = _as_float(value)  # PyYAML reads `1e-3` (no dot) as a string
         if number is None:
             raise ConfigError(f"{key}: expected a number, got {type(value).__name__} {value!r}")
+        if not math.isfinite(number):  # no setting means NaN or ±inf; one would poison the run silently
+            raise ConfigError(f"{key}: {value!r} is not a finite number")
         return number
     if tp is str:
         if not isinstance(value, str):

@@ -124,6 +124,7 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
     run_dir = Path(cfg.log.out_dir) / cfg.log.run_name
     ckpt_dir = run_dir / "checkpoints"
     step, tokens, loss_value = 0, 0, None
+    skipped_steps, consecutive_skips = 0, 0  # train.on_nonfinite: skip
     latest = latest_checkpoint(ckpt_dir)
     if latest is not None:
         conflicts = resume_conflicts(load_extra(latest)["config"], cfg)
@@ -131,7 +132,7 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
             raise ConfigError(f"{run_dir} holds a run with other settings ({'; '.join(conflicts[:5])}); resuming "
                               "would mix two experiments. Use another log.run_name, or the original settings.")
         extra = load_checkpoint(latest, model, optimizer)
-        step, tokens = extra["step"], extra["tokens"]
+        step, tokens, skipped_steps = extra["step"], extra["tokens"], extra.get("skipped_steps", 0)
         loader.load_state_dict(extra["loader"])
         if di.is_main:
             print(f"resumed from {latest} at step {step}")
@@ -171,7 +172,7 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
 
     def checkpoint() -> None:
         extra = {"step": step, "tokens": tokens, "loader": loader.state_dict(), "config": cfg.to_yaml(),
-                 "git_commit": git_commit()}
+                 "skipped_steps": skipped_steps, "git_commit": git_commit()}
         save_checkpoint(ckpt_dir, step, model, optimizer, extra, keep=t.keep_ckpts)
 
     # ---- a SIGTERM/SIGINT finishes the current step, checkpoints and exits (preemption loses nothing)
@@ -211,15 +212,29 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
             dist.all_reduce(shared)
             loss_value, aux_value = shared[0].item() / di.world_size, shared[1].item() / di.world_size
             total_loss = loss_value + aux_value
-            if not (math.isfinite(total_loss) and math.isfinite(float(grad_norm))):
-                raise NonFiniteError(f"non-finite {'loss' if not math.isfinite(total_loss) else 'gradient norm'} "
-                                     f"at step {step + 1} (loss {loss_value}, aux {aux_value}, grad norm "
-                                     f"{float(grad_norm)}); the run stopped before the update. Resume from the last "
-                                     f"checkpoint in {ckpt_dir} with a lower optim.lr or a longer "
-                                     "schedule.warmup_steps.")
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            moe_stats = moe_step_end(model)  # loads of all ranks → balancing bias; per-layer metrics ({} if dense)
+            # The loss is all-reduced and the norm global, so every rank takes the same branch.
+            finite = math.isfinite(total_loss) and math.isfinite(float(grad_norm))
+            if not finite:
+                what = (f"non-finite {'loss' if not math.isfinite(total_loss) else 'gradient norm'} at step "
+                        f"{step + 1} (loss {loss_value}, aux {aux_value}, grad norm {float(grad_norm)})")
+                consecutive_skips += 1
+                if t.on_nonfinite == "stop" or consecutive_skips > t.max_consecutive_skips:
+                    why = "" if t.on_nonfinite == "stop" else (
+                        f", {consecutive_skips} in a row (train.max_consecutive_skips={t.max_consecutive_skips})")
+                    raise NonFiniteError(f"{what}{why}; the run stopped before the update. Resume from the last "
+                                         f"checkpoint in {ckpt_dir} with a lower optim.lr or a longer "
+                                         "schedule.warmup_steps.")
+                skipped_steps += 1
+                if di.is_main:
+                    print(f"warning: {what}: step skipped (no update), {consecutive_skips} in a row",
+                          file=sys.stderr)
+                optimizer.zero_grad(set_to_none=True)
+                moe_stats = moe_step_end(model, skipped=True)
+            else:
+                consecutive_skips = 0
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                moe_stats = moe_step_end(model)  # loads of all ranks → balancing bias; per-layer metrics ({} if dense)
             repeat = max(1, math.ceil(epochs_before))  # the first epoch boundary this step may have crossed
             if repeat < loader.epochs_done and di.is_main:
                 print(f"warning: step {step + 1} started epoch {repeat + 1} of the training data: from here on the "
@@ -232,9 +247,11 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
                 elapsed = time.perf_counter() - window_t0
                 tok_per_s = window_tokens / max(elapsed, 1e-9)
                 moe_record = {"aux_loss": aux_value, **moe_stats} if moe_stats else {}
-                logger.log_train(step, {"tokens": tokens, "epoch": loader.epochs_done, "loss": loss_value, "lr": lr,
-                                        "grad_norm": float(grad_norm), "tok_per_s": tok_per_s,
-                                        "mfu": mfu(flops_per_token, tok_per_s, di.world_size, peak), **moe_record})
+                logger.log_train(step, {"tokens": tokens, "epoch": loader.epochs_done,
+                                        "loss": loss_value if finite else None, "lr": lr,
+                                        "grad_norm": float(grad_norm) if finite else None, "tok_per_s": tok_per_s,
+                                        "mfu": mfu(flops_per_token, tok_per_s, di.world_size, peak),
+                                        "skipped_steps": skipped_steps, **moe_record})
                 window_t0, window_tokens = time.perf_counter(), 0
             paused_at = time.perf_counter()  # eval and checkpoint time stays out of tok/s
             if step % t.eval_every == 0 or step == t.steps:

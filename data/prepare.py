@@ -15,6 +15,7 @@ the same settings does nothing, a dir without meta.json (interrupted) is cleaned
 from __future__ import annotations
 
 import argparse
+import errno
 import hashlib
 import shlex
 import shutil
@@ -35,6 +36,7 @@ from data.tokenizer import TRAINED_FILE, Tokenizer, load_tokenizer, write_ranks
 DEFAULT_SHARD_TOKENS = 100_000_000  # 200 MB of uint16 per shard
 BATCH_CHARS = 4 << 20  # text handed to tiktoken per batch call: big enough to keep every thread busy
 BPE_TRAIN_CHARS = 200 << 20  # a trained BPE learns from at most this much train text
+WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EIO)  # the disk refused a write
 CFG_KEYS = ("source", "tokenizer", "val_frac", "text_column", "txt_document", "max_tokens")  # set by a DataConfig
 
 
@@ -86,6 +88,19 @@ def prepare(cfg: DataConfig, *, eval_only: bool = False, like: str | Path | None
         raise DataError(f"{out} was prepared with other settings ({diff}); choose another --out or pass --force")
     out.mkdir(parents=True, exist_ok=True)
     _clean(out)  # leftovers of an interrupted run, or the old output under --force
+    try:
+        return _prepare_into(out, cfg, request, eval_only, like, like_meta, shard_tokens, num_threads, progress,
+                             bpe_train_chars)
+    except OSError as e:  # a full disk, a quota, a read-only mount: keep nothing that could pass for prepared data
+        if e.errno not in WRITE_ERRNOS:  # not a write failure (e.g. a dropped connection to the Hub)
+            raise
+        _clean(out)
+        raise DataError(f"writing {out} failed ({e}); nothing was kept (a dir without meta.json is never read): "
+                        "free space and run the same command again") from e
+
+
+def _prepare_into(out: Path, cfg: DataConfig, request: dict, eval_only: bool, like, like_meta,
+                  shard_tokens: int, num_threads: Optional[int], progress: bool, bpe_train_chars: int) -> Path:
     t0 = time.time()
     src = parse_source(cfg.source)
     tok = _resolve_tokenizer(cfg, src, out, eval_only, like, like_meta, bpe_train_chars, progress)

@@ -52,6 +52,8 @@ def write_shard(path: Path, tokens: np.ndarray) -> str:
     with open(tmp, "wb") as f:
         f.write(HEADER.pack(MAGIC, VERSION, tokens.dtype.itemsize, len(tokens)))
         f.write(data)
+        f.flush()
+        os.fsync(f.fileno())  # on disk before meta.json (written last) declares the dir prepared
     os.replace(tmp, path)
     return hashlib.sha256(data).hexdigest()
 

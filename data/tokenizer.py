@@ -194,6 +194,13 @@ def tokenizer_dirs() -> list[Path]:
 
 def _load_named(name: str) -> Tokenizer:
     known = KNOWN[name]
+    return Tokenizer(name, name, named_ranks(name), known.pat_str, known.special_tokens)
+
+
+def named_ranks(name: str) -> dict[bytes, int]:
+    """The ranks of one of tiktoken's encodings: from a local copy ($SCALEVEC_TOKENIZER_DIR, tiktoken's cache),
+    else downloaded by tiktoken as on any machine with internet (and cached there)."""
+    known = KNOWN[name]
     url = _BLOB + known.file
     # tiktoken caches a download under the sha1 of its URL; we also accept a plain `<name>.tiktoken` copy, under
     # any name of the same ranks (gpt2.tiktoken serves r50k_base too).
@@ -207,9 +214,9 @@ def _load_named(name: str) -> Tokenizer:
                 if hashlib.sha256(data).hexdigest() != known.sha256:
                     raise TokenizerError(f"{path} is not tiktoken's {name} ranks file (sha256 differs from "
                                          f"{known.sha256}); remove it or replace it with the right file")
-                return Tokenizer(name, name, parse_ranks(data, str(path)), known.pat_str, known.special_tokens)
+                return parse_ranks(data, str(path))
     try:  # tiktoken's own cache and download (machines with internet need nothing else)
-        ranks = tiktoken.load.load_tiktoken_bpe(url, expected_hash=known.sha256)
+        return tiktoken.load.load_tiktoken_bpe(url, expected_hash=known.sha256)
     except Exception as e:  # requests' ConnectionError, a hash mismatch, a read-only cache…
         searched = ", ".join(str(d) for d in tokenizer_dirs()) or "none set"
         raise TokenizerError(
@@ -217,4 +224,3 @@ def _load_named(name: str) -> Tokenizer:
             f"{str(e)[:160]}). Offline, put the ranks file ({known.file}, sha256 {known.sha256[:12]}…) at "
             f"$SCALEVEC_TOKENIZER_DIR/{name}.tiktoken{_SHARED_HINT if known is _GPT2 else ''} or set the "
             f"tokenizer to the file's path. Folders searched: {searched}") from None
-    return Tokenizer(name, name, ranks, known.pat_str, known.special_tokens)

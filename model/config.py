@@ -166,8 +166,9 @@ class ModelConfig:
             bad.append(("d_ffn", "must be positive"))
         if self.vocab_size is not None and self.vocab_size <= 0:
             bad.append(("vocab_size", "must be positive"))
-        if self.norm_eps <= 0 or self.init_std <= 0 or self.rope_theta <= 0:
-            bad.append(("norm_eps", "norm_eps, init_std and rope_theta must be positive"))
+        for key in ("norm_eps", "init_std", "rope_theta"):
+            if getattr(self, key) <= 0:
+                bad.append((key, f"{getattr(self, key)} must be positive"))
         if self.gemma_norms and self.scale.inner_norm:
             bad.append(("gemma_norms", "with scale.placement=dnp, q/k would be normalized twice "
                         "(DNP on q/k already is Q/K-Norm); use one or the other"))

@@ -31,6 +31,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
@@ -100,24 +101,32 @@ def save_checkpoint(ckpt_dir: Path, step: int, model: nn.Module, optimizer: Opti
     # Validate `extra` on every rank before any collective (so all ranks raise together instead of the others
     # waiting in a barrier), against exactly the loader resume will use, instead of failing at resume time.
     extra_bytes = _serialize_extra(extra)
-    if d.rank == 0:
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
-        if tmp.exists():  # left by a save that crashed at this same step
-            shutil.rmtree(tmp)
-        tmp.mkdir()
-    _barrier(d)
+    previous = latest_checkpoint(ckpt_dir) if ckpt_dir.is_dir() else None
 
-    state = {"model": get_model_state_dict(model)}
-    if optimizer is not None:
-        state["optim"] = get_optimizer_state_dict(model, optimizer)
-    with _single_process_quiet(d):
-        dcp.save(state, checkpoint_id=tmp, no_dist=not d.active)  # FileSystemWriter fsyncs its files
-    atomic_write(tmp / f"rng_rank{d.rank}.pt", _to_bytes(_rng_state()))
-    if d.rank == 0:
-        atomic_write(tmp / EXTRA_FILE, extra_bytes)
-    _barrier(d)  # every rank's shards and RNG file are on disk before rank 0 declares the checkpoint whole
+    def write() -> None:  # every rank: its DCP shard and RNG file; rank 0 also the trainer's dict
+        if d.rank == 0:
+            ckpt_dir.mkdir(parents=True, exist_ok=True)
+            if tmp.exists():  # left by a save that crashed at this same step
+                shutil.rmtree(tmp)
+            tmp.mkdir()
+        _barrier(d)
+        state = {"model": get_model_state_dict(model)}
+        if optimizer is not None:
+            state["optim"] = get_optimizer_state_dict(model, optimizer)
+        with _single_process_quiet(d):
+            dcp.save(state, checkpoint_id=tmp, no_dist=not d.active)  # FileSystemWriter fsyncs its files
+        atomic_write(tmp / f"rng_rank{d.rank}.pt", _to_bytes(_rng_state()))
+        if d.rank == 0:
+            atomic_write(tmp / EXTRA_FILE, extra_bytes)
 
-    if d.rank == 0:
+    # A failed write (a full disk, a quota, a lost mount) on any rank stops every rank with the same error: none
+    # may wait in a barrier for a rank that gave up. The previous checkpoint is never touched before the new one
+    # is whole, so it stays the one a resume loads.
+    _all_or_nothing(d, write, step, tmp, previous, cleanup=tmp)
+
+    def commit() -> None:  # rank 0: rename into place, then the marker that makes it a checkpoint
+        if d.rank != 0:
+            return
         if final.exists():  # re-saving a step (e.g. after a crash right after this step): replace it whole
             old = tmp.with_name(tmp.name + ".old")  # a tmp name: if the delete is cut short, pruning finishes it
             (final / MARKER).unlink(missing_ok=True)
@@ -129,8 +138,35 @@ def save_checkpoint(ckpt_dir: Path, step: int, model: nn.Module, optimizer: Opti
         marker = {"step": step, "world_size": d.world, "torch": torch.__version__}
         atomic_write(final / MARKER, json.dumps(marker).encode())
         _prune(ckpt_dir, keep, just_written=final)
-    _barrier(d)  # no rank returns (and maybe loads or exits) before the checkpoint is complete
+
+    _all_or_nothing(d, commit, step, final, previous, cleanup=None)
     return final
+
+
+def _all_or_nothing(d: _Dist, fn, step: int, where: Path, previous: Optional[Path], cleanup: Optional[Path]) -> None:
+    """Run `fn` on every rank; if it raised on any of them, raise one CheckpointError on all of them (after the
+    others finished theirs) instead of leaving some ranks in a collective forever."""
+    error: Optional[BaseException] = None
+    try:
+        fn()
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - OSError (ENOSPC, EDQUOT, EIO), … DCP's
+        error = e  # CheckpointException (a BaseException) carries a rank's OSError
+    # NCCL reduces only CUDA tensors; gloo (CPU) takes CPU ones.
+    device = f"cuda:{torch.cuda.current_device()}" if d.active and dist.get_backend() == "nccl" else "cpu"
+    failed = torch.tensor([0.0 if error is None else 1.0], device=device)
+    if d.active:
+        dist.all_reduce(failed)
+    n_failed = int(failed.item())
+    if n_failed == 0:
+        return
+    if d.rank == 0 and cleanup is not None:
+        shutil.rmtree(cleanup, ignore_errors=True)  # frees the space the partial save took
+    _barrier(d)
+    what = f"{type(error).__name__}: {error}" if error is not None else f"on {n_failed} other rank(s)"
+    resume = (f"the previous checkpoint {previous} is intact: free space (or fix the path) and run the same command "
+              f"to resume from step {read_marker(previous)['step']}") if previous is not None else (
+        "there is no earlier checkpoint: free space (or fix the path) and run the same command to start again")
+    raise CheckpointError(f"writing the checkpoint of step {step} to {where} failed ({what}); {resume}") from error
 
 
 def _prune(ckpt_dir: Path, keep: int, just_written: Path) -> None:

@@ -9,8 +9,8 @@ from model.llama import Llama
 
 
 @torch.no_grad()
-def moe_step_end(model: Llama) -> dict[str, float]:
-    """Call on every rank after optimizer.step(). Sums this step's loads and (aux, z) statistics over ranks, updates
+def moe_step_end(model: Llama, skipped: bool = False) -> dict[str, float]:
+    """Call on every rank after optimizer.step(); `skipped` (a step without an update) only resets the counters. Sums this step's loads and (aux, z) statistics over ranks, updates
     each layer's balancing bias (balance = bias), resets the counters, and returns, per MoE layer i:
 
         moe/L{i}/max_load, moe/L{i}/min_load   the most and least loaded expert's load / mean load (1 = balanced)
@@ -21,6 +21,10 @@ def moe_step_end(model: Llama) -> dict[str, float]:
     """
     layers = list(model.moe_layers())
     if not layers:
+        return {}
+    if skipped:  # no update: the balancing bias stays where it is, like the weights
+        for _, moe in layers:
+            moe.reset_step_stats()
         return {}
     # (layers, E + 3): loads, then Σ aux, Σ z, micro-batch count — one collective for the whole model.
     stats = torch.stack([torch.cat([m.tokens_per_expert.double(), m.stat_sums.double()]) for _, m in layers])

@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import runpy
-import shutil
 import socket
 import statistics
 import sys
@@ -39,13 +38,17 @@ def prepare(out: str | Path = DEFAULT_OUT, wikitext: bool = True, progress: bool
     """out/pd_english (train + val, GPT-2), out/wikitext2 (eval only, same tokens), out/tokenizers/gpt2.tiktoken."""
     from data.config import DataConfig
     from data.prepare import prepare as prepare_dir
+    from data.tokenizer import named_ranks, write_ranks
     out = Path(out)
-    ranks = shared_dir() / "tokenizers" / "gpt2.tiktoken"
-    os.environ.setdefault("SCALEVEC_TOKENIZER_DIR", str(ranks.parent))
+    if (shared_dir() / "tokenizers" / "gpt2.tiktoken").is_file():
+        os.environ.setdefault("SCALEVEC_TOKENIZER_DIR", str(shared_dir() / "tokenizers"))
     train = DataConfig(source="builtin:pd_english", tokenizer="gpt2", dir=str(out / "pd_english"))
     prepare_dir(train, progress=progress)
     if wikitext:
         raw = shared_dir() / "data" / "wikitext-2-raw-test" / "wiki.test.raw"
+        if not raw.is_file():
+            raise FileNotFoundError(f"{raw} is missing: set SCALEVEC_SHARED_DIR to a folder with "
+                                    "data/wikitext-2-raw-test/wiki.test.raw (WikiText-2's raw test file)")
         # Local files are read through `datasets` (data/sources.py): this machine has it, the lent one need not.
         prepare_dir(DataConfig(source=str(raw), dir=str(out / "wikitext2")), eval_only=True, like=train.dir,
                     progress=progress)
@@ -53,8 +56,7 @@ def prepare(out: str | Path = DEFAULT_OUT, wikitext: bool = True, progress: bool
     tok_dir.mkdir(parents=True, exist_ok=True)
     # The trainer checks the data's tokenizer against the config's (data/prepare.py, check_tokenizer), so the lent
     # machine needs the GPT-2 ranks too; gpu_check.sh points SCALEVEC_TOKENIZER_DIR here.
-    src = Path(os.environ["SCALEVEC_TOKENIZER_DIR"]) / "gpt2.tiktoken"
-    shutil.copyfile(src if src.is_file() else ranks, tok_dir / "gpt2.tiktoken")
+    write_ranks(named_ranks("gpt2"), tok_dir / "gpt2.tiktoken")  # a local copy, or tiktoken's download
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     print(f"prepared {out} ({size / 2**20:.1f} MiB; carry it to the lent machine)", file=sys.stderr)
     return out

@@ -3,7 +3,11 @@
 Set in pytest_configure, before any test module imports tiktoken or datasets (which read these at import time):
 - TIKTOKEN_CACHE_DIR, HF_HOME, HF_DATASETS_CACHE → a fresh temp folder, removed at the end of the session;
 - HF_DATASETS_OFFLINE=1, HF_HUB_OFFLINE=1: `datasets` fails fast instead of retrying the Hub;
-- SCALEVEC_TOKENIZER_DIR → ../shared/tokenizers beside the repo (gpt2.tiktoken), unless already set.
+- SCALEVEC_TOKENIZER_DIR → ../shared/tokenizers beside the repo (gpt2.tiktoken) when it exists and the variable is
+  not set already. Without it, tiktoken downloads GPT-2's ranks once per session, as it does for any user online.
+
+Nothing here needs ../shared: the tests read text from the built-in corpus's packages (installed by the README's
+test command) and GPT-2's ranks from wherever `data.tokenizer` finds them.
 """
 from __future__ import annotations
 
@@ -44,7 +48,8 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["HF_DATASETS_CACHE"] = os.path.join(cache, "hf", "datasets")
     os.environ["HF_DATASETS_OFFLINE"] = "1"
     os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ.setdefault("SCALEVEC_TOKENIZER_DIR", str(SHARED / "tokenizers"))
+    if (SHARED / "tokenizers" / "gpt2.tiktoken").is_file():
+        os.environ.setdefault("SCALEVEC_TOKENIZER_DIR", str(SHARED / "tokenizers"))
     if os.environ.get("SCALEVEC_TEST_GPU") != "1":
         # The suite is CPU-only by design (DESIGN.md principle 8): on a GPU machine, hide the GPUs so that FSDP2,
         # "auto" devices and tolerances behave exactly as in CI. SCALEVEC_TEST_GPU=1 runs the `gpu` tests instead.
@@ -67,9 +72,23 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="session")
-def shared_dir() -> Path:
-    """../shared beside the repo (or $SCALEVEC_SHARED_DIR). Missing is a failure, never a skip: CI has it."""
-    assert (SHARED / "tokenizers" / "gpt2.tiktoken").is_file(), (
-        f"{SHARED} lacks tokenizers/gpt2.tiktoken; clone the repo next to the project's shared/ folder "
-        "or set SCALEVEC_SHARED_DIR")
-    return SHARED
+def shakespeare_text() -> str:
+    """1.2 MB of Shakespeare's plays, scene by scene, from the built-in corpus (data/builtin.py): the text the tests
+    train and tokenize on."""
+    from data.builtin import pd_english_documents
+    docs, size = [], 0
+    for doc in pd_english_documents():
+        docs.append(doc)
+        size += len(doc)
+        if size > 1_200_000:
+            break
+    return "\n\n".join(docs)
+
+
+@pytest.fixture(scope="session")
+def gpt2_ranks_file(tmp_path_factory) -> Path:
+    """GPT-2's ranks as a file, from $SCALEVEC_TOKENIZER_DIR or tiktoken's download (data.tokenizer.named_ranks)."""
+    from data.tokenizer import named_ranks, write_ranks
+    path = tmp_path_factory.mktemp("tokenizers") / "gpt2.tiktoken"
+    write_ranks(named_ranks("gpt2"), path)
+    return path

@@ -81,7 +81,7 @@ def test_offline_hides_the_packages_the_gpu_machine_lacks(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def carried(tmp_path_factory, shared_dir) -> Path:
+def carried(tmp_path_factory) -> Path:
     """What `python -m scripts.gpu_check prepare` carries to the lent machine, without WikiText-2 (its local-file
     path needs `datasets`, slow to import): the training dir doubles as the extra eval set, under its name."""
     out = tmp_path_factory.mktemp("carried")

@@ -34,7 +34,7 @@ def corpus() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def pd_gpt2(tmp_path_factory, shared_dir) -> DataConfig:
+def pd_gpt2(tmp_path_factory) -> DataConfig:
     cfg = DataConfig(dir=str(tmp_path_factory.mktemp("pd") / "gpt2"), tokenizer="gpt2", seq_len=256)
     ensure_prepared(cfg)  # a built-in source prepares itself on first use
     return cfg
@@ -94,15 +94,20 @@ def test_data_from_another_tokenizer_is_refused(pd_gpt2, pd_bpe):
         check_tokenizer(pd_gpt2.dir, load_tokenizer("bpe:8192", pd_bpe.dir))
 
 
-def test_wikitext_eval_set_shares_the_training_tokenizer(pd_gpt2, pd_bpe, shared_dir, tmp_path):
-    raw = str(shared_dir / "data" / "wikitext-2-raw-test" / "wiki.test.raw")
+def test_wikitext_eval_set_shares_the_training_tokenizer(pd_gpt2, pd_bpe, tmp_path):
+    """An eval-only file with CRLF line endings, as WikiText-2's raw test file has them."""
+    lf = " = Valkyria Chronicles III = \n\n" + "\n".join(
+        f" The game 's {i}th chapter began development in {1900 + i} , carrying over a large portion of the work ."
+        for i in range(9000))
+    raw = str(tmp_path / "wiki.test.raw")
+    Path(raw).write_bytes(lf.replace("\n", "\r\n").encode())
     out = tmp_path / "wikitext_gpt2"
     assert main(["--eval-only", "--source", raw, "--like", pd_gpt2.dir, "--out", str(out), "--quiet"]) == 0
     meta = read_meta(out)
     assert meta["eval_only"] and "train" not in meta["splits"]
-    assert meta["splits"]["val"]["tokens"] == 283_287 + 1  # SOURCE.md's count after CRLF → LF, plus one EOT
+    assert meta["splits"]["val"]["tokens"] == len(load_tokenizer("gpt2").encode(lf)) + 1  # CRLF → LF, one EOT
     text = load_tokenizer("gpt2").decode(split_docs(out, "val")[0])
-    assert "\r" not in text and text.startswith(" = Robert Boulter = \n")
+    assert "\r" not in text and text.startswith(" = Valkyria Chronicles III = \n")
     cfg = DataConfig(dir=pd_gpt2.dir, tokenizer="gpt2", val_sets=[str(out)])
     assert ensure_prepared(cfg) == Path(pd_gpt2.dir)
     assert len(list(val_batches(out, 256, 8, 0, 1, 65536))) == 32

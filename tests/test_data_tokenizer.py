@@ -1,4 +1,4 @@
-"""Tokenizer specs, GPT-2 offline from the shared ranks file, and the deterministic BPE trainer."""
+"""Tokenizer specs, GPT-2 by name (a local ranks file or tiktoken's download) and the deterministic BPE trainer."""
 from __future__ import annotations
 
 import hashlib
@@ -15,21 +15,21 @@ from data.train_tokenizer import main as train_tokenizer_main
 GPT2_SHA = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 
 
-def test_gpt2_from_the_shared_file(shared_dir):
-    tok = load_tokenizer("gpt2")  # found through $SCALEVEC_TOKENIZER_DIR (tests/conftest.py)
+def test_gpt2_by_name_and_from_a_ranks_file(gpt2_ranks_file):
+    tok = load_tokenizer("gpt2")  # $SCALEVEC_TOKENIZER_DIR (tests/conftest.py), else tiktoken's download
     assert tok.encode("Hello world") == [15496, 995]
     assert (tok.name, tok.n_vocab, tok.eot, tok.ranks_hash) == ("gpt2", 50257, 50256, GPT2_SHA)
     assert tok.decode([15496, 995]) == "Hello world"
     assert tok.encode("<|endoftext|>") != [tok.eot]  # special-token text is ordinary text
-    by_path = load_tokenizer(str(shared_dir / "tokenizers" / "gpt2.tiktoken"))
+    by_path = load_tokenizer(str(gpt2_ranks_file))
     assert (by_path.name, by_path.ranks_hash, by_path.eot) == ("gpt2", GPT2_SHA, 50256)
     assert load_tokenizer("r50k_base").encode_batch(["Hello world", " a"]) == [[15496, 995], [257]]
 
 
-def test_gpt2_from_tiktokens_own_cache_layout(shared_dir, tmp_path, monkeypatch):
+def test_gpt2_from_tiktokens_own_cache_layout(gpt2_ranks_file, tmp_path, monkeypatch):
     url = "https://openaipublic.blob.core.windows.net/encodings/" + KNOWN["gpt2"].file
-    shutil.copy(shared_dir / "tokenizers" / "gpt2.tiktoken", tmp_path / hashlib.sha1(url.encode()).hexdigest())
-    monkeypatch.delenv("SCALEVEC_TOKENIZER_DIR")
+    shutil.copy(gpt2_ranks_file, tmp_path / hashlib.sha1(url.encode()).hexdigest())
+    monkeypatch.delenv("SCALEVEC_TOKENIZER_DIR", raising=False)
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
     assert load_tokenizer("gpt2").encode("Hello world") == [15496, 995]
 
@@ -90,8 +90,8 @@ def test_bpe_merges_most_frequent_pair_with_a_fixed_tie_rule():
         train_bpe({"ab": 1}, vocab_size=300)
 
 
-def test_trained_bpe_is_deterministic_and_round_trips(shared_dir, tmp_path):
-    text = (shared_dir / "data" / "tinyshakespeare" / "input.txt").read_text()
+def test_trained_bpe_is_deterministic_and_round_trips(shakespeare_text, tmp_path):
+    text = shakespeare_text
     ranks = train_bpe(count_words([text]), 512)
     assert ranks == train_bpe(count_words([text]), 512)
     write_ranks(ranks, tmp_path / "ts512.tiktoken")
@@ -103,9 +103,10 @@ def test_trained_bpe_is_deterministic_and_round_trips(shared_dir, tmp_path):
     assert max(ids) < tok.eot
 
 
-def test_train_tokenizer_cli(shared_dir, tmp_path):
+def test_train_tokenizer_cli(shakespeare_text, tmp_path):
     out = tmp_path / "tok.tiktoken"
-    src = str(shared_dir / "data" / "tinyshakespeare" / "input.txt")
+    src = str(tmp_path / "input.txt")
+    (tmp_path / "input.txt").write_text(shakespeare_text)
     assert train_tokenizer_main(["--input", src, "--vocab-size", "300", "--out", str(out)]) == 0
     tok = load_ranks_file(out)
     assert tok.n_vocab == 300 and tok.decode(tok.encode("To be, or not to be")) == "To be, or not to be"

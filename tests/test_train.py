@@ -18,10 +18,10 @@ from runtime.checkpoint import latest_checkpoint, load_model_weights
 from multiproc import free_port, spawn
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory, shared_dir) -> DataConfig:
-    """A tiny prepared corpus: 24 documents cut from tinyshakespeare, a 320-token trained BPE."""
+def data_dir(tmp_path_factory, shakespeare_text) -> DataConfig:
+    """A tiny prepared corpus: 24 documents cut from Shakespeare, a 320-token trained BPE."""
     root = tmp_path_factory.mktemp("train_data")
-    text = (shared_dir / "data/tinyshakespeare/input.txt").read_text()[:240_000]
+    text = shakespeare_text[:240_000]
     docs = root / "docs"
     docs.mkdir()
     for i in range(24):
@@ -100,11 +100,12 @@ def test_run_dir_contract(data_dir, tmp_path):
     assert latest_checkpoint(run / "checkpoints").name.endswith("6")
 
 
-def test_extra_eval_set_is_logged(data_dir, tmp_path, shared_dir):
-    """An eval-only set (WikiText-2 test, tokenized like the training data) becomes val_loss/<folder name>."""
+def test_extra_eval_set_is_logged(data_dir, tmp_path, shakespeare_text):
+    """An eval-only set (text never trained on, tokenized like the training data) becomes val_loss/<folder name>."""
     wiki = tmp_path / "wikitext2"
-    eval_cfg = DataConfig(source=str(shared_dir / "data/wikitext-2-raw-test/wiki.test.raw"), dir=str(wiki),
-                          txt_document="paragraph")
+    held_out = tmp_path / "held_out.txt"
+    held_out.write_text(shakespeare_text[600_000:700_000])
+    eval_cfg = DataConfig(source=str(held_out), dir=str(wiki), txt_document="paragraph")
     prepare(eval_cfg, eval_only=True, like=data_dir.dir, progress=False)
     train.main(args_for(data_dir, tmp_path, "extra", f"data.val_sets=[{wiki}]", "train.steps=3",
                         "schedule.warmup_steps=1"))
@@ -197,7 +198,8 @@ def test_two_rank_resume_is_bit_identical(data_dir, tmp_path):
     assert all(torch.equal(pf[n], pp[n]) for n in pf)
 
 
-def test_nonfinite_loss_stops_before_checkpoint(data_dir, tmp_path, monkeypatch):
+def poison(steps: set[int], micro_per_step: int = 2):
+    """Replace the fused head + loss by one whose training loss is NaN in the given steps (evaluation untouched)."""
     import model.llama
     real = model.llama.head_loss
     calls = {"n": 0}
@@ -207,13 +209,78 @@ def test_nonfinite_loss_stops_before_checkpoint(data_dir, tmp_path, monkeypatch)
         if not torch.is_grad_enabled():  # evaluation
             return loss
         calls["n"] += 1
-        return loss * float("nan") if calls["n"] > 4 else loss  # the 3rd step's forward (2 micro-batches/step)
+        return loss * float("nan") if (calls["n"] - 1) // micro_per_step + 1 in steps else loss
 
-    monkeypatch.setattr(model.llama, "head_loss", poisoned)
+    model.llama.head_loss = poisoned
+    return real
+
+
+def test_nonfinite_loss_stops_before_checkpoint(data_dir, tmp_path, monkeypatch):
+    import model.llama
+    monkeypatch.setattr(model.llama, "head_loss", model.llama.head_loss)  # restored after the test
+    poison({3, 4, 5, 6})
     argv = args_for(data_dir, tmp_path, "nan", "train.ckpt_every=1", "train.eval_every=100")
     with pytest.raises(train.NonFiniteError, match="at step 3"):
         train.main(argv)
     assert latest_checkpoint(tmp_path / "nan" / "checkpoints").name.endswith("2")  # the poisoned state never saved
+
+
+def dcp_state(step_dir: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint (model and optimizer), as one process reads it."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    out = step_dir.parent / f"{step_dir.name}.pt"
+    dcp_to_torch_save(step_dir, out)
+    flat = {}
+
+    def walk(prefix, value):
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}", v)
+        elif isinstance(value, torch.Tensor):
+            flat[prefix] = value
+    walk("", torch.load(out, weights_only=False))
+    return flat
+
+
+def _skip_worker(rank: int, world: int, port: int, argv: list[str]) -> None:
+    if rank == 0:
+        poison({3}, micro_per_step=1)  # only rank 0's loss is NaN: the all-reduced loss tells every rank to skip
+    _worker(rank, world, [port], [argv])
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_nonfinite_step_is_skipped_on_every_rank(data_dir, tmp_path, monkeypatch, world):
+    """on_nonfinite: skip. The poisoned step 3 changes no parameter and no optimizer state on any rank, is counted in
+    metrics.jsonl, and the run goes on to the end."""
+    import model.llama
+    monkeypatch.setattr(model.llama, "head_loss", model.llama.head_loss)
+    argv = args_for(data_dir, tmp_path, "skip", "train.on_nonfinite=skip", "train.ckpt_every=1",
+                    "train.keep_ckpts=10", "train.eval_every=100")
+    if world == 1:
+        poison({3})
+        train.main(argv)
+    else:
+        spawn(_skip_worker, (world, free_port(), argv), nprocs=world)
+    recs = records(tmp_path / "skip", "train")
+    assert [r["skipped_steps"] for r in recs] == [0, 0, 1, 1, 1, 1]
+    assert recs[2]["loss"] is None and recs[2]["grad_norm"] is None and recs[3]["loss"] > 0
+    ckpts = tmp_path / "skip" / "checkpoints"
+    s2, s3, s4 = (dcp_state(ckpts / f"step_{k:08d}") for k in (2, 3, 4))
+    assert s2.keys() == s3.keys() and any(k.startswith(".optim.state") for k in s2)
+    assert all(torch.equal(s2[k], s3[k]) for k in s2)  # weights and AdamW moments and step counts untouched
+    assert not all(torch.equal(s3[k], s4[k]) for k in s3)  # step 4 updates again
+
+
+def test_too_many_skips_in_a_row_stop_the_run(data_dir, tmp_path, monkeypatch):
+    import model.llama
+    monkeypatch.setattr(model.llama, "head_loss", model.llama.head_loss)
+    poison({2, 4, 5, 6})
+    argv = args_for(data_dir, tmp_path, "diverged", "train.on_nonfinite=skip", "train.max_consecutive_skips=2",
+                    "train.ckpt_every=1", "train.eval_every=100")
+    with pytest.raises(train.NonFiniteError, match=r"at step 6 .*3 in a row \(train.max_consecutive_skips=2\)"):
+        train.main(argv)
+    assert latest_checkpoint(tmp_path / "diverged" / "checkpoints").name.endswith("5")  # skipped steps checkpoint
+    assert records(tmp_path / "diverged", "train")[-1]["skipped_steps"] == 3  # steps 2, 4 and 5
 
 
 def test_batch_shape_must_divide(data_dir, tmp_path):
@@ -311,12 +378,12 @@ def test_sigterm_checkpoints_and_resumes(data_dir, tmp_path):
     assert summary["step"] == stopped + 1
 
 
-def test_epochs_are_logged_and_a_repeat_warns(tmp_path, shared_dir, capsys):
+def test_epochs_are_logged_and_a_repeat_warns(tmp_path, shakespeare_text, capsys):
     """A corpus smaller than the run: a warning up front, another at the step that starts epoch 2, and `epoch` in
     every train record."""
     docs = tmp_path / "docs"
     docs.mkdir()
-    text = (shared_dir / "data/tinyshakespeare/input.txt").read_text()
+    text = shakespeare_text
     for i in range(3):
         (docs / f"doc{i}.txt").write_text(text[i * 1500:(i + 1) * 1500])
     small = DataConfig(source=str(docs), dir=str(tmp_path / "small"), tokenizer="bpe:320", seq_len=32,
