@@ -53,7 +53,6 @@ class Comparison:
     cite: str  # where the paper's numbers come from
     curves: tuple[Curve, ...]  # curves[0] is the reference of every Δ
     kind: str = "panel"  # panel | lr_grid (Fig. 1) | ladder (Fig. 6)
-    notes: str = ""
 
 
 # The paper's terminal deltas (PAPER.md §4.4, Fig. 5), each against its panel's first curve.

@@ -324,7 +324,6 @@ def reading(summary: list[tuple], orderings: list[bool]) -> list[str]:
 
 
 def write_page(plan, where: dict, page: Path, cpu_seconds: float, wiki: str) -> None:
-    from scripts.results import Comparison  # noqa: F401 - the type of plan.comparisons
     page = Path(page)
     img_dir = page.parent / "img" / "results"
     res = Results(plan, where, wiki)
