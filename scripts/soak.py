@@ -240,12 +240,17 @@ def compare(ref: Path, run: Path) -> tuple[float, int, int]:
 
 
 def final_state(run: Path) -> dict[str, torch.Tensor]:
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
     step = complete(run / "checkpoints")[-1]
-    src = run / "checkpoints" / f"step_{step:08d}"
-    dst = run / f"final_{step}.pt"
-    if not dst.exists():
-        dcp_to_torch_save(src, dst)
+    return checkpoint_tensors(run / "checkpoints" / f"step_{step:08d}")
+
+
+def checkpoint_tensors(step_dir: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a DCP checkpoint (model and optimizer), flat by dotted path, as one process reads it (it
+    writes `<step dir>.pt` beside the checkpoint)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    out = step_dir.parent / f"{step_dir.name}.pt"
+    if not out.exists():
+        dcp_to_torch_save(step_dir, out)
     flat = {}
 
     def walk(prefix: str, value) -> None:
@@ -254,7 +259,7 @@ def final_state(run: Path) -> dict[str, torch.Tensor]:
                 walk(f"{prefix}.{k}", v)
         elif isinstance(value, torch.Tensor):
             flat[prefix] = value
-    walk("", torch.load(dst, weights_only=False))
+    walk("", torch.load(out, weights_only=False))
     return flat
 
 

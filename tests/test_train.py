@@ -15,6 +15,7 @@ from data.config import DataConfig
 from data.prepare import prepare
 from model.llama import build_model
 from runtime.checkpoint import latest_checkpoint, load_model_weights
+from scripts.soak import checkpoint_tensors
 from multiproc import free_port, spawn
 
 @pytest.fixture(scope="module")
@@ -225,23 +226,6 @@ def test_nonfinite_loss_stops_before_checkpoint(data_dir, tmp_path, monkeypatch)
     assert latest_checkpoint(tmp_path / "nan" / "checkpoints").name.endswith("2")  # the poisoned state never saved
 
 
-def dcp_state(step_dir: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a checkpoint (model and optimizer), as one process reads it."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-    out = step_dir.parent / f"{step_dir.name}.pt"
-    dcp_to_torch_save(step_dir, out)
-    flat = {}
-
-    def walk(prefix, value):
-        if isinstance(value, dict):
-            for k, v in value.items():
-                walk(f"{prefix}.{k}", v)
-        elif isinstance(value, torch.Tensor):
-            flat[prefix] = value
-    walk("", torch.load(out, weights_only=False))
-    return flat
-
-
 def _skip_worker(rank: int, world: int, port: int, argv: list[str]) -> None:
     if rank == 0:
         poison({3}, micro_per_step=1)  # only rank 0's loss is NaN: the all-reduced loss tells every rank to skip
@@ -265,7 +249,7 @@ def test_nonfinite_step_is_skipped_on_every_rank(data_dir, tmp_path, monkeypatch
     assert [r["skipped_steps"] for r in recs] == [0, 0, 1, 1, 1, 1]
     assert recs[2]["loss"] is None and recs[2]["grad_norm"] is None and recs[3]["loss"] > 0
     ckpts = tmp_path / "skip" / "checkpoints"
-    s2, s3, s4 = (dcp_state(ckpts / f"step_{k:08d}") for k in (2, 3, 4))
+    s2, s3, s4 = (checkpoint_tensors(ckpts / f"step_{k:08d}") for k in (2, 3, 4))
     assert s2.keys() == s3.keys() and any(k.startswith(".optim.state") for k in s2)
     assert all(torch.equal(s2[k], s3[k]) for k in s2)  # weights and AdamW moments and step counts untouched
     assert not all(torch.equal(s3[k], s4[k]) for k in s3)  # step 4 updates again
