@@ -1,15 +1,15 @@
 """The measured small-scale reproduction of the paper's Figures 1, 5, 6, 8 and 9: every run, then docs/results.md.
 
-    python -m scripts.results                       # run what is missing (3 seeds each), then write docs/results.md
+    python -m scripts.results                       # run what is missing (6 seeds each), then write docs/results.md
     python -m scripts.results --page-only           # rewrite the page from the runs as they are, run nothing
     python -m scripts.results --dry-run             # list the runs and their commands
-    python -m scripts.results --seeds 5 -- key=value   # more seeds; key=value after -- goes to every run
+    python -m scripts.results --seeds 8 -- key=value   # more seeds; key=value after -- goes to every run
 
 Every run is a figure's run on the CPU proxy of `scripts.reproduce --scale tiny` (configs/proxy/tiny.yaml), in its
 own process, with WikiText-2's test set as a second, eval-only validation set. Seeds change the init and the data
 order; the curves of one comparison share each seed, so their differences are paired. A run needed by several
-comparisons (Fig. 5's baseline is also Fig. 1's and the middle of Fig. 6's ladder) runs once. Runs go seed by seed
-(every run of seed 0 first), so an interrupted reproduction already has whole comparisons at fewer seeds.
+comparisons (Fig. 5's baseline is also Fig. 1's and the largest rung of Fig. 6's ladder) runs once. Runs go seed by
+seed (every run of seed 0 first), so an interrupted reproduction already has whole comparisons at fewer seeds.
 
 Re-running the command skips finished runs and resumes unfinished ones; a finished run whose saved config differs
 from what the command would run now is an error, never silently reused. The CPU time of every run (user + system,
@@ -226,7 +226,7 @@ def prepare_wikitext(train_dir: str, out: Path, source: Optional[Path]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", type=int, default=3, help="runs per curve, seeds 0..N-1 (init and data order)")
+    p.add_argument("--seeds", type=int, default=6, help="runs per curve, seeds 0..N-1 (init and data order)")
     p.add_argument("--out-dir", default="runs/results", help="parent of the run directories")
     p.add_argument("--page", type=Path, default=ROOT / "docs" / "results.md", help="the page to write; its plots "
                    "go to img/results/ beside it")
