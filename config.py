@@ -110,7 +110,15 @@ class TrainConfig:
     fsdp_prefetch: int = 0  # blocks whose all-gathers a block issues explicitly ahead; 0: FSDP2's implicit prefetch
     # The fused LM head + loss (model/loss.py) runs over chunks of this many tokens, so the (tokens, vocab) fp32
     # logits of a whole micro-batch never exist at once; 0 = the plain path (full logits, then cross-entropy).
-    loss_chunk_tokens: int = 1024
+    # None (auto): by device — 1024 on CPU; on CUDA a 4 GiB budget for a chunk's fp32 logits and their gradient,
+    # 1024–16384 tokens (10240 at V = 50,304): model/loss.py, default_chunk_tokens.
+    loss_chunk_tokens: Optional[int] = None
+    # Under gradient accumulation, FSDP2 reduce-scatters the gradients once per optimizer step (step: every micro-batch
+    # but the last accumulates unsharded gradients locally) or after every micro-batch (micro_batch: less memory).
+    grad_reduce: Literal["step", "micro_batch"] = "step"
+    # The loader gathers the next micro-batch in a background thread into pinned host memory while the current one
+    # trains: auto (on with CUDA, off on CPU, where the thread competes with the step for the cores) | true | false.
+    loader_prefetch: Literal["auto", True, False] = "auto"
 
 
 @dataclass
@@ -146,8 +154,11 @@ class RunConfig:
                     "max_consecutive_skips"):
             if getattr(t, key) <= 0:
                 bad.append((f"train.{key}", "must be positive"))
-        if t.loss_chunk_tokens < 0:
-            bad.append(("train.loss_chunk_tokens", "must be ≥ 0 (0 = the plain, unfused LM head + loss)"))
+        if t.loss_chunk_tokens is not None and t.loss_chunk_tokens < 0:
+            bad.append(("train.loss_chunk_tokens", "must be ≥ 0 (0 = the plain, unfused LM head + loss; null = by "
+                                                   "device)"))
+        if not (t.loader_prefetch == "auto" or isinstance(t.loader_prefetch, bool)):
+            bad.append(("train.loader_prefetch", f"{t.loader_prefetch!r} must be auto, true or false"))
         if not (t.reshard_after_forward == "auto" or isinstance(t.reshard_after_forward, bool)):
             bad.append(("train.reshard_after_forward", f"{t.reshard_after_forward!r} must be auto, true or false"))
         if t.fsdp_prefetch < 0:
@@ -224,8 +235,11 @@ def resolve_vocab(cfg: RunConfig, n_vocab: Optional[int] = None) -> ModelConfig:
 RESUMABLE_CHANGES = ("log.", "train.eval_every", "train.eval_tokens", "train.ckpt_every", "train.keep_ckpts",
                      "train.on_nonfinite", "train.max_consecutive_skips",
                      "train.compile", "train.cpu_malloc_tuning", "train.loss_chunk_tokens",
+                     "train.grad_reduce", "train.loader_prefetch",
                      "train.activation_checkpointing", "train.reshard_after_forward", "train.fsdp_prefetch",
-                     "optim.muon.distributed", "data.val_sets")
+                     "optim.muon.distributed", "data.val_sets",
+                     # storage only: the checkpoint loader moves the logical FFN weights across any padding
+                     "model.ffn_pad_multiple", "model.moe.pad_multiple")
 
 
 def resume_conflicts(saved_yaml: str, cfg: RunConfig) -> list[str]:

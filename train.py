@@ -88,6 +88,8 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
     from runtime.checkpoint import latest_checkpoint, load_checkpoint, load_extra, save_checkpoint
     from runtime.logging import RunLogger, git_commit
     from runtime.metrics import mfu, peak_flops
+    from runtime.dist import StopConsensus
+    from runtime.guard import NonFiniteGuard, describe
     from runtime.moe import moe_step_end
     from runtime.telemetry import scale_telemetry
 
@@ -124,7 +126,7 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
     run_dir = Path(cfg.log.out_dir) / cfg.log.run_name
     ckpt_dir = run_dir / "checkpoints"
     step, tokens, loss_value = 0, 0, None
-    skipped_steps, consecutive_skips = 0, 0  # train.on_nonfinite: skip
+    skipped_steps = 0  # train.on_nonfinite: skip
     latest = latest_checkpoint(ckpt_dir)
     if latest is not None:
         conflicts = resume_conflicts(load_extra(latest)["config"], cfg)
@@ -138,6 +140,11 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
             print(f"resumed from {latest} at step {step}")
 
     logger = RunLogger(run_dir, cfg, di.rank, t.steps, start_step=step)
+    # The non-finite check lives on the device (runtime/guard.py): a step that does not log reads nothing on the host.
+    guard = NonFiniteGuard(t.on_nonfinite, t.max_consecutive_skips, di.device, step=step, skipped=skipped_steps)
+    chunk = t.loss_chunk_tokens  # None: by device (model/loss.py, default_chunk_tokens)
+    # train.grad_reduce=step: FSDP2 reduce-scatters once per optimizer step, after the last micro-batch's backward
+    sync_each = t.grad_reduce == "micro_batch" or accum == 1
     planned = t.steps * tokens_per_step / loader.tokens_per_epoch  # passes over the training data
     if planned > 1 and di.is_main:
         print(f"warning: {t.steps} steps × {tokens_per_step:,} tokens read the {loader.tokens_per_epoch:,} training "
@@ -158,7 +165,7 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
                                         t.eval_tokens):
                     x, y = x.to(di.device), y.to(di.device)
                     rows = total.new_tensor(float(x.shape[0]))  # the last batch may be smaller
-                    total += torch.stack([model(x, y, loss_chunk=t.loss_chunk_tokens).double() * rows, rows])
+                    total += torch.stack([model(x, y, loss_chunk=chunk).double() * rows, rows])
                 dist.all_reduce(total)
                 key = "val_loss" if name == "val" else f"val_loss/{name}"
                 out[key] = (total[0] / total[1].clamp_min(1)).item()
@@ -170,17 +177,17 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
         model.train()
         return out
 
-    def checkpoint() -> None:
+    def checkpoint() -> None:  # only after guard.report() found no halt: a non-finite state is never saved
         extra = {"step": step, "tokens": tokens, "loader": loader.state_dict(), "config": cfg.to_yaml(),
                  "skipped_steps": skipped_steps, "git_commit": git_commit()}
         save_checkpoint(ckpt_dir, step, model, optimizer, extra, keep=t.keep_ckpts)
 
     # ---- a SIGTERM/SIGINT finishes the current step, checkpoints and exits (preemption loses nothing)
-    stop = {"requested": False}
+    stop = StopConsensus(di)  # every rank stops at the same step
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
 
     def request_stop(signum, _frame):
-        stop.update(requested=True)
+        stop.requested = True
         signal.signal(signum, previous[signum])  # a second Ctrl-C/SIGTERM acts at once, as usual
 
     if _main_thread():
@@ -198,43 +205,23 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
             set_lr(optimizer, lr)
             epochs_before = loader.epochs_done
             sums = torch.zeros(2, device=di.device, dtype=torch.float32)  # (LM loss, MoE aux terms) over the step
-            for _ in range(accum):
+            for i in range(accum):
                 x, y = loader.next_batch()  # (micro, seq_len) int64 each
                 x, y = x.to(di.device, non_blocking=True), y.to(di.device, non_blocking=True)
-                loss = model(x, y, loss_chunk=t.loss_chunk_tokens)  # fused LM head + loss (model/loss.py)
+                if not sync_each:  # accumulate unsharded gradients locally; reduce after the last micro-batch
+                    model.set_requires_gradient_sync(i == accum - 1)
+                loss = model(x, y, loss_chunk=chunk)  # fused LM head + loss (model/loss.py)
                 aux = model.aux_loss()  # MoE balancing terms of this forward, already weighted (0 when dense)
                 ((loss + aux) / accum).backward()  # every micro-batch has the same token count
                 sums += torch.stack([loss.detach(), aux.detach()]).float() / accum
-            grad_norm = clip_grad_norm(model.parameters(), cfg.optim.grad_clip)
-            # One small all-reduce per step: the losses for logging, and a stop request seen by any rank.
-            shared = torch.cat([sums.double(), torch.tensor([float(stop["requested"])], device=di.device,
-                                                            dtype=torch.float64)])
-            dist.all_reduce(shared)
-            loss_value, aux_value = shared[0].item() / di.world_size, shared[1].item() / di.world_size
-            total_loss = loss_value + aux_value
-            # The loss is all-reduced and the norm global, so every rank takes the same branch.
-            finite = math.isfinite(total_loss) and math.isfinite(float(grad_norm))
-            if not finite:
-                what = (f"non-finite {'loss' if not math.isfinite(total_loss) else 'gradient norm'} at step "
-                        f"{step + 1} (loss {loss_value}, aux {aux_value}, grad norm {float(grad_norm)})")
-                consecutive_skips += 1
-                if t.on_nonfinite == "stop" or consecutive_skips > t.max_consecutive_skips:
-                    why = "" if t.on_nonfinite == "stop" else (
-                        f", {consecutive_skips} in a row (train.max_consecutive_skips={t.max_consecutive_skips})")
-                    raise NonFiniteError(f"{what}{why}; the run stopped before the update. Resume from the last "
-                                         f"checkpoint in {ckpt_dir} with a lower optim.lr or a longer "
-                                         "schedule.warmup_steps.")
-                skipped_steps += 1
-                if di.is_main:
-                    print(f"warning: {what}: step skipped (no update), {consecutive_skips} in a row",
-                          file=sys.stderr)
-                optimizer.zero_grad(set_to_none=True)
-                moe_stats = moe_step_end(model, skipped=True)
-            else:
-                consecutive_skips = 0
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                moe_stats = moe_step_end(model)  # loads of all ranks → balancing bias; per-layer metrics ({} if dense)
+            grad_norm = clip_grad_norm(model.parameters(), cfg.optim.grad_clip)  # global: the same on every rank
+            # The mean losses of all ranks, on the device (fp64 on the wire): every rank's guard decides alike.
+            losses = sums.double()
+            dist.all_reduce(losses)
+            losses /= di.world_size
+            found_inf = guard.check(losses[0], losses[1], grad_norm)  # 1: no update this step (runtime/guard.py)
+            optimizer.step(found_inf=found_inf)
+            optimizer.zero_grad(set_to_none=True)
             repeat = max(1, math.ceil(epochs_before))  # the first epoch boundary this step may have crossed
             if repeat < loader.epochs_done and di.is_main:
                 print(f"warning: step {step + 1} started epoch {repeat + 1} of the training data: from here on the "
@@ -243,21 +230,43 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
             tokens += tokens_per_step
             window_tokens += tokens_per_step
 
-            if step % cfg.log.every == 0 or step == t.steps:
-                elapsed = time.perf_counter() - window_t0
+            logging_now = step % cfg.log.every == 0 or step == t.steps
+            evaluating = step % t.eval_every == 0 or step == t.steps
+            stopping = stop.any_rank() or step == stop_at_step  # host values only
+            saving = step % t.ckpt_every == 0 or step == t.steps or stopping
+            # loads of all ranks → balancing bias (gated like the update); per-layer metrics on log steps ({} if dense)
+            moe_stats = moe_step_end(model, keep=1 - found_inf, metrics=logging_now)
+            if not (logging_now or evaluating or saving):
+                continue  # nothing of this step is read on the host
+            report = guard.report()
+            skipped_steps = report.skipped
+            if report.new_skips and di.is_main:
+                h = report.last_skip
+                print(f"warning: {report.new_skips} step(s) skipped (no update) up to step {step}; the last: "
+                      f"{describe(h)}, {h.streak} in a row", file=sys.stderr)
+            if report.halt is not None:
+                h = report.halt
+                why = "" if t.on_nonfinite == "stop" else (
+                    f", {h.streak} in a row (train.max_consecutive_skips={t.max_consecutive_skips})")
+                raise NonFiniteError(f"{describe(h)}{why}; the run stopped before the update (no update since). "
+                                     f"Resume from the last checkpoint in {ckpt_dir} with a lower optim.lr or a longer "
+                                     "schedule.warmup_steps.")
+            if logging_now:
+                loss_value, aux_value, norm_value = torch.cat([losses, grad_norm.double().view(1)]).tolist()
+                finite = math.isfinite(loss_value + aux_value) and math.isfinite(norm_value)
+                elapsed = time.perf_counter() - window_t0  # after the read: the device has finished the window
                 tok_per_s = window_tokens / max(elapsed, 1e-9)
                 moe_record = {"aux_loss": aux_value, **moe_stats} if moe_stats else {}
                 logger.log_train(step, {"tokens": tokens, "epoch": loader.epochs_done,
                                         "loss": loss_value if finite else None, "lr": lr,
-                                        "grad_norm": float(grad_norm) if finite else None, "tok_per_s": tok_per_s,
+                                        "grad_norm": norm_value if finite else None, "tok_per_s": tok_per_s,
                                         "mfu": mfu(flops_per_token, tok_per_s, di.world_size, peak),
                                         "skipped_steps": skipped_steps, **moe_record})
                 window_t0, window_tokens = time.perf_counter(), 0
             paused_at = time.perf_counter()  # eval and checkpoint time stays out of tok/s
-            if step % t.eval_every == 0 or step == t.steps:
+            if evaluating:
                 logger.log_eval(step, {"tokens": tokens, **scale_telemetry(model), **evaluate()})
-            stopping = shared[2].item() > 0 or step == stop_at_step
-            if step % t.ckpt_every == 0 or step == t.steps or stopping:
+            if saving:
                 checkpoint()
             window_t0 += time.perf_counter() - paused_at
             if stopping:

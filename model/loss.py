@@ -24,12 +24,34 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 
+# The chunk rule (train.loss_chunk_tokens: null). CPU: 1024 tokens, as before the rule existed. CUDA: as many
+# tokens as keep one chunk's fp32 logits and their gradient (2 · tokens · V · 4 B) within 4 GiB, in multiples of
+# 1024, between 1024 and 16384 — 10240 at the paper's V = 50,304 (a 0.12B micro-batch of 32 × 1024 tokens: 4 chunks
+# instead of 32), 16384 for V ≤ 32,768. Fewer chunks mean fewer launches, fewer autograd.grad calls and fewer passes
+# over the fp32 head-gradient accumulator.
+CPU_CHUNK_TOKENS = 1024
+CUDA_CHUNK_BYTES = 4 << 30
+CUDA_CHUNK_RANGE = (1024, 16384)
+
+
+def default_chunk_tokens(device: torch.device, vocab: int) -> int:
+    """The fused head's chunk size when train.loss_chunk_tokens is null (the rule above)."""
+    if device.type != "cuda":
+        return CPU_CHUNK_TOKENS
+    lo, hi = CUDA_CHUNK_RANGE
+    fit = CUDA_CHUNK_BYTES // (2 * vocab * 4) // 1024 * 1024
+    return max(lo, min(hi, fit))
+
+
 def head_loss(norm: nn.Module, lm_head: nn.Module, h: torch.Tensor, targets: torch.Tensor,
-              chunk: int, compiled: Optional[str] = None) -> torch.Tensor:
+              chunk: Optional[int], compiled: Optional[str] = None) -> torch.Tensor:
     """Mean cross-entropy of lm_head(norm(h)) against targets, in fp32. h: (B, T, d), targets: (B, T) int64.
-    `chunk` > 0: the fused path over chunks of that many tokens; 0: the plain path (full logits). `compiled`: a
-    torch.compile backend ("inductor") for each chunk's forward and backward, one graph each (fullgraph: a break
-    fails loudly), so the Norms and the softmax fuse into few passes over the chunk's logits."""
+    `chunk` > 0: the fused path over chunks of that many tokens; None: the same with the device's chunk
+    (`default_chunk_tokens`); 0: the plain path (full logits). `compiled`: a torch.compile backend ("inductor") for
+    each chunk's forward and backward, one graph each (fullgraph: a break fails loudly), so the Norms and the
+    softmax fuse into few passes over the chunk's logits."""
+    if chunk is None:
+        chunk = default_chunk_tokens(h.device, lm_head.weight.shape[0])
     h, targets = h.flatten(0, 1), targets.flatten()  # (N, d), (N,)
     if chunk <= 0:
         return _cross_entropy_sum(lm_head(norm(h)), targets) / targets.numel()

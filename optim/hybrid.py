@@ -41,9 +41,10 @@ class HybridOptimizer(torch.optim.Optimizer):
         muon_groups = [g for g in groups if g["kind"] == "muon"]
         # The engines are built first: their constructors validate the groups and fill each group dict (the same
         # dict objects the outer optimizer keeps) with their own defaults (amsgrad, foreach, fused, nesterov, …).
-        # Unfused, the multi-tensor (foreach) kernels everywhere: torch picks them by itself only on CUDA, and on CPU
-        # the per-tensor loop pays Python and DTensor dispatch per parameter — the scale vectors are many small ones
-        # (114 tensors in the unified default).
+        # Fused (the trainer's choice, on CUDA and CPU alike): one kernel per parameter, with the device-side
+        # `found_inf` skip. Unfused, the multi-tensor (foreach) kernels everywhere: torch picks them by itself only on
+        # CUDA, and on CPU the per-tensor loop pays Python and DTensor dispatch per parameter — the scale vectors are
+        # many small ones (114 tensors in the unified default).
         self._adamw = (torch.optim.AdamW(adamw_groups, fused=True if fused else None, foreach=None if fused else True)
                        if adamw_groups else None)
         self._muon = Muon(muon_groups) if muon_groups else None
@@ -60,14 +61,29 @@ class HybridOptimizer(torch.optim.Optimizer):
         return out
 
     @torch.no_grad()
-    def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
+    def step(self, closure: Optional[Callable[[], float]] = None, found_inf: Optional[torch.Tensor] = None
+             ) -> Optional[float]:
+        """`found_inf`: a 0-dim float tensor on the device; nonzero turns the whole step into a no-op (weights,
+        moments, momentum and AdamW's step counts untouched) decided on the device, so the trainer never reads the
+        non-finite check on the host (train.on_nonfinite). AdamW takes it through torch's fused kernel (the
+        GradScaler contract: `optimizer.found_inf`), Muon through its own `found_inf` argument."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if found_inf is not None and self._adamw is not None and not self.fused:
+            raise ValueError("found_inf needs the fused AdamW kernel (build the optimizer with fused=True)")
         for engine in self._engines():
-            engine.step()
+            if engine is self._adamw:
+                engine.found_inf = found_inf  # read by torch.optim.AdamW.step (None: an ordinary step)
+                engine.step()
+            else:
+                engine.step(found_inf=found_inf)
         return loss
+
+    @property
+    def fused(self) -> bool:
+        return self._adamw is not None and bool(self._adamw.defaults.get("fused"))
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         live = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]

@@ -46,5 +46,6 @@ def build_training_model(cfg: RunConfig, device: torch.device) -> TrainingModel:
                               "the numbers are unchanged")
         # Blocks in place (parameter names, and so roles and checkpoints, are unchanged) and the fused head + loss
         model.compile_for_training(device, compute_dtype, fullgraph=None if traceable else False)
-    optimizer = build_optimizer(model, roles, cfg.optim, fused=device.type == "cuda")
+    # Fused AdamW on every device: its found_inf makes a non-finite step a no-op decided on the device (train.py)
+    optimizer = build_optimizer(model, roles, cfg.optim, fused=True)
     return TrainingModel(model, optimizer)

@@ -63,3 +63,24 @@ def all_reduce_mean(value: torch.Tensor) -> torch.Tensor:
         dist.all_reduce(t)
         t /= dist.get_world_size()
     return t
+
+
+class StopConsensus:
+    """A stop request (SIGTERM/SIGINT, seen by any rank) that every rank acts on at the same step, without reading
+    the device: one rank needs no communication; several all-reduce one host integer per step over gloo — the
+    default group on CPU, a gloo group beside nccl on CUDA — so the check never waits for the GPU's stream."""
+
+    def __init__(self, info: DistInfo):
+        self.requested = False
+        self._group = None
+        if info.world_size > 1:
+            self._group = dist.new_group(backend="gloo") if info.device.type == "cuda" else dist.group.WORLD
+        self._flag = torch.zeros(1, dtype=torch.int32)  # on the host, always
+
+    def any_rank(self) -> bool:
+        """True on every rank when any rank has `requested`; a collective when there are several ranks."""
+        if self._group is None:
+            return self.requested
+        self._flag.fill_(int(self.requested))
+        dist.all_reduce(self._flag, group=self._group)
+        return bool(self._flag.item())  # a host tensor: no device sync
