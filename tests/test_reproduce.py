@@ -34,6 +34,19 @@ def test_dry_run_prints_loadable_commands(fig, scale, capsys, monkeypatch):
     assert len(names) == len(commands)
 
 
+def test_runs_launch_this_interpreter():
+    """What runs is sys.executable (torchrun as its torch.distributed.run module); the printed form stays the one users
+    type."""
+    import sys
+    job = reproduce.jobs(FIGURES["5"], "paper", 1, "runs", [])[0]
+    run = reproduce.command(job, "paper", 8)
+    assert run[:4] == [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=8"] and run[4] == "train.py"
+    assert reproduce.shown(run).startswith("torchrun --nproc_per_node=8 train.py --config ")
+    assert reproduce.command(job, "paper", 1)[:2] == reproduce.command(job, "tiny", 8)[:2] == [sys.executable,
+                                                                                             "train.py"]
+    assert reproduce.shown(reproduce.command(job, "tiny", 8)).startswith("python train.py ")
+
+
 def test_tiny_figure_end_to_end(data_dir, tmp_path, capsys, monkeypatch):  # noqa: F811
     """Each run as `python train.py …`, here called in-process (a subprocess per run costs seconds of imports;
     tests/test_sweep.py runs train.py as a subprocess)."""

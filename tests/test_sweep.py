@@ -44,22 +44,27 @@ def test_summarize_marks_unfinished_runs(tmp_path, capsys):
 
 
 def test_slurm_script_launches_torchrun_per_node_and_requeues_an_unfinished_run(tmp_path):
-    """scripts/slurm.sbatch against stand-in srun/scontrol/torchrun: the c10d rendezvous on the first node, the
-    config and overrides passed through, and a requeue because the run has not reached train.steps."""
+    """scripts/slurm.sbatch against stand-in srun/scontrol/python: one `python -m torch.distributed.run` per node with
+    the c10d rendezvous on the first node, the config and overrides passed through, and a requeue because the run has
+    not reached train.steps. Every launch goes through $PYTHON (here its default, the `python` on PATH): the stand-in
+    logs torchrun's launch and runs the rest (--print-run-dir, summarize) with this interpreter, and a `torchrun` on
+    PATH fails the test if anything calls it."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     log = tmp_path / "calls.txt"
     stubs = {
         "srun": 'shift; exec "$@"',  # drop --kill-on-bad-exit, run the command on "this node"
-        "torchrun": f'echo "torchrun $*" >> {log}',
+        "torchrun": 'echo "torchrun from PATH was called" >&2; exit 3',
         "scontrol": f'if [[ $1 == show ]]; then printf "node7\\nnode8\\n"; else echo "scontrol $*" >> {log}; fi',
-        "python": f'exec {sys.executable} "$@"',
+        "python": f'if [[ $1 == -m && $2 == torch.distributed.run ]]; then shift 2; echo "torchrun $*" >> {log}; '
+                  f'else exec {sys.executable} "$@"; fi',
     }
     for name, body in stubs.items():
         (bin_dir / name).write_text(f"#!/usr/bin/env bash\n{body}\n")
         (bin_dir / name).chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node[7-8]",
            "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_ID": "42", "SLURM_SUBMIT_DIR": os.getcwd()}
+    env.pop("PYTHON", None)
     out = subprocess.run(["bash", "scripts/slurm.sbatch", "configs/figures/fig5/hg.yaml", f"log.out_dir={tmp_path}"],
                          env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
