@@ -81,7 +81,9 @@ class MoEConfig:
     aux_coef: float = 0.01  # per MoE layer, on E·Σ fᵢ·Pᵢ (1 at perfect balance) [U]
     bias_rate: float = 1.0e-3  # balance=bias: bias step per optimizer step, b ← b + rate·sign(mean load − load)
     z_coef: float = 0.0  # router z-loss, mean (logsumexp logits)² (ST-MoE) [U: off]
-    pad_multiple: int = 8  # routed hidden padded with zeros to a multiple (bf16 grouped GEMM needs 16-byte strides)
+    # Routed hidden zero-padded to a multiple of this; None: model.ffn_pad_multiple, like every FFN. Configs written
+    # before that key existed say 8 here (the grouped GEMM's 16-byte bf16 strides), which keeps meaning 8.
+    pad_multiple: Optional[int] = None
     impl: ExpertImpl = "auto"  # auto: grouped GEMM on CUDA in bf16, else the exact per-expert loop
 
     def expert_dim(self, d_model: int) -> int:
@@ -89,10 +91,6 @@ class MoEConfig:
 
     def shared_dim(self, d_model: int) -> int:
         return self.shared_ffn if self.shared_ffn is not None else int(8 * d_model / 3)
-
-    def expert_dim_padded(self, d_model: int) -> int:
-        f, m = self.expert_dim(d_model), self.pad_multiple
-        return -(-f // m) * m
 
     def invariants(self) -> list[tuple[str, str]]:
         bad = []
@@ -111,8 +109,8 @@ class MoEConfig:
             value = getattr(self, key)
             if not (value >= 0 and value < float("inf")):
                 bad.append((key, f"{value} must be a finite number ≥ 0"))
-        if self.pad_multiple <= 0:
-            bad.append(("pad_multiple", "must be positive (1: no padding)"))
+        if self.pad_multiple is not None and self.pad_multiple <= 0:
+            bad.append(("pad_multiple", "must be positive (1: no padding; null: model.ffn_pad_multiple)"))
         return bad
 
 
@@ -131,6 +129,11 @@ class ModelConfig:
     scale: ScaleConfig = field(default_factory=ScaleConfig)
     gemma_norms: bool = False  # Fig. 3 layout: Q/K-Norm + attention-output and FFN-output norms (PAPER.md §3.4)
     moe: Optional[MoEConfig] = None  # None: dense SwiGLU FFN; set: Llama-MoE (PAPER.md §2.2)
+    # Storage only: every FFN hidden size (the dense MLP, the MoE's shared and routed experts) is zero-padded to a
+    # multiple of this, so bf16 rows stay 128-byte aligned (int(8d/3) = 2730 at d 1024 is not even 16-byte aligned,
+    # and cuBLAS then leaves its fastest kernels). The padding is exact zeros that no gradient reaches; parameter
+    # counts, FLOPs, init and export use the logical size. 1: no padding. Checkpoints load across any value.
+    ffn_pad_multiple: int = 64
 
     @property
     def head_dim(self) -> int:
@@ -144,6 +147,14 @@ class ModelConfig:
     def ffn_dim(self) -> int:
         return self.d_ffn if self.d_ffn is not None else int(8 * self.d_model / 3)
 
+    def padded_ffn(self, hidden: int, routed: bool = False) -> int:
+        """The stored width of an FFN hidden size `hidden`: rounded up to ffn_pad_multiple (routed experts: to
+        moe.pad_multiple where a config sets it)."""
+        m = self.ffn_pad_multiple
+        if routed and self.moe is not None and self.moe.pad_multiple is not None:
+            m = self.moe.pad_multiple
+        return -(-hidden // m) * m
+
     @property
     def padded_vocab(self) -> int:
         if self.vocab_size is None:
@@ -153,7 +164,7 @@ class ModelConfig:
     def invariants(self) -> list[tuple[str, str]]:
         """(dotted key, problem) for every violated invariant; config.py turns these into ConfigErrors."""
         bad = []
-        for key in ("d_model", "n_layers", "n_heads", "vocab_multiple"):
+        for key in ("d_model", "n_layers", "n_heads", "vocab_multiple", "ffn_pad_multiple"):
             if getattr(self, key) <= 0:
                 bad.append((key, "must be positive"))
         if self.n_heads > 0 and self.d_model % self.n_heads:

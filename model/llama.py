@@ -55,26 +55,29 @@ class Attention(nn.Module):
 
 class MLP(nn.Module):
     """SwiGLU: W_down(SiLU(gate) ⊙ up), each of gate/up a branch of the FFN pre-norm (the dense FFN, and the MoE's
-    shared expert)."""
+    shared expert). The hidden size f is stored as `f_padded` (≥ f, model.ffn_pad_multiple): gate/up's extra rows and
+    down's extra columns are zeros, so the extra hidden units are SiLU(0)·0 = 0 and no gradient reaches them."""
 
-    def __init__(self, d: int, f: int, eps: float, layout: GroupLayout):
+    def __init__(self, d: int, f: int, eps: float, layout: GroupLayout, f_padded: Optional[int] = None):
         super().__init__()
-        self.gate_proj = layout.branch(d, f, eps)
-        self.up_proj = layout.branch(d, f, eps)
-        self.down_proj = ScaledLinear(f, d)
+        self.gate_proj = layout.branch(d, f, eps, d_out_padded=f_padded)  # W: (f_padded, d)
+        self.up_proj = layout.branch(d, f, eps, d_out_padded=f_padded)  # W: (f_padded, d)
+        self.down_proj = ScaledLinear(f, d, d_in_padded=f_padded)  # W: (d, f_padded)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """h: (..., d) normalized input → (..., d)."""
-        return self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        return self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))  # hidden (..., f_padded)
 
 
 def ffn(cfg: ModelConfig, layout: GroupLayout) -> nn.Module:
     """The FFN of a block: the dense SwiGLU, or the MoE (routed experts + the shared expert, PAPER.md §2.2)."""
     d, eps = cfg.d_model, cfg.norm_eps
     if cfg.moe is None:
-        return MLP(d, cfg.ffn_dim, eps, layout)
-    shared = MLP(d, cfg.moe.shared_dim(d), eps, layout) if cfg.moe.n_shared else None
-    return MoE(d, eps, layout, cfg.moe, router_output=cfg.scale.router, shared_expert=shared)
+        return MLP(d, cfg.ffn_dim, eps, layout, cfg.padded_ffn(cfg.ffn_dim))
+    fs, fe = cfg.moe.shared_dim(d), cfg.moe.expert_dim(d)
+    shared = MLP(d, fs, eps, layout, cfg.padded_ffn(fs)) if cfg.moe.n_shared else None
+    return MoE(d, eps, layout, cfg.moe, router_output=cfg.scale.router, shared_expert=shared,
+               expert_dim_padded=cfg.padded_ffn(fe, routed=True))
 
 
 class Block(nn.Module):
@@ -142,15 +145,15 @@ class Llama(nn.Module):
         too), which write into the residual stream, use init_std/√(2·n_layers) (GPT-2's depth scaling); every scale
         vector starts at γ = 1 (PAPER.md §1.1); MoE balancing buffers start at 0. Each parameter is drawn whole from a
         generator seeded by (seed, its name), then sharded if it is a DTensor, so the model is identical for any world
-        size and any module order. A padded expert stack draws its logical shape and pads it with zeros, so the
-        padding never changes a value."""
+        size and any module order. A padded FFN weight (model.ffn_pad_multiple) draws its logical shape and pads it
+        with zeros, so the padding never changes a value: the logical weights are those of the unpadded model."""
         depth_std = self.cfg.init_std / math.sqrt(2 * self.cfg.n_layers)
         for module in self.modules():
             if isinstance(module, ScaleVector):
                 module.reset_parameters()
             elif isinstance(module, MoE):
                 module.reset_buffers()
-        logical = self._logical_shapes()
+        logical = self.logical_shapes()
         for name, p in self.named_parameters():
             if p.dim() < 2:
                 continue
@@ -176,10 +179,15 @@ class Llama(nn.Module):
             return torch.zeros((), device=self.tok_embeddings.weight.device)
         return torch.stack(terms).sum()
 
-    def _logical_shapes(self) -> dict[str, tuple[int, ...]]:
+    def logical_shapes(self) -> dict[str, tuple[int, ...]]:
+        """{parameter name: unpadded shape} of every FFN weight (dense MLP, shared and routed experts), whose hidden
+        size may be stored zero-padded (model.ffn_pad_multiple): what init draws, counts count, Muon's update scale
+        reads, export writes and a checkpoint re-pads across."""
         out = {}
-        for i, moe in self.moe_layers():
-            out.update({f"layers.{i}.mlp.{n}": shape for n, shape in moe.logical_shapes().items()})
+        for name, module in self.named_modules():
+            if isinstance(module, (MLP, MoE)):
+                out.update({f"{name}.{n}.weight": getattr(module, n).logical_shape
+                            for n in ("gate_proj", "up_proj", "down_proj")})
         return out
 
     # --------------------------------------------------------------------------------------------------- roles
@@ -213,8 +221,8 @@ class Llama(nn.Module):
     # ------------------------------------------------------------------------------------------ counting
 
     def num_params(self, exclude_embedding: bool = False) -> int:
-        """Logical parameters: the zero padding of expert stacks is not counted."""
-        n = sum(p.numel() for p in self.parameters()) - self._padding()
+        """Logical parameters: the zero padding of FFN hidden sizes is not counted."""
+        n = sum(p.numel() for p in self.parameters()) - self.padding_zeros()
         return n - self.tok_embeddings.weight.numel() if exclude_embedding else n
 
     def activated_params(self, exclude_embedding: bool = False) -> int:
@@ -222,15 +230,21 @@ class Llama(nn.Module):
         = num_params for a dense model)."""
         return self.num_params(exclude_embedding) - sum(m.inactive_params() for _, m in self.moe_layers())
 
-    def _padding(self) -> int:
-        return sum(m.padding_params() for _, m in self.moe_layers())
+    def _padding(self) -> dict[str, int]:
+        """{parameter name: its stored zeros} for every FFN weight."""
+        params = dict(self.named_parameters())
+        return {n: params[n].numel() - math.prod(shape) for n, shape in self.logical_shapes().items()}
+
+    def padding_zeros(self) -> int:
+        """Stored zeros of the FFN padding: memory, never parameters."""
+        return sum(self._padding().values())
 
     def params_by_role(self) -> dict[str, int]:
-        params = dict(self.named_parameters())
+        """Logical parameters per role."""
+        params, padding = dict(self.named_parameters()), self._padding()
         counts = {role.value: 0 for role in Role}
         for name, role in self.param_roles().items():
-            counts[role.value] += params[name].numel()
-        counts[Role.EXPERT_MATRIX.value] -= self._padding()
+            counts[role.value] += params[name].numel() - padding.get(name, 0)
         return counts
 
     def flops_per_token(self, seq_len: int) -> int:
@@ -246,8 +260,8 @@ class Llama(nn.Module):
     @torch.no_grad()
     def folded_state_dict(self) -> dict[str, torch.Tensor]:
         """Fold every vector into the adjacent weights: the state dict of a plain Llama (`plain_config`) with
-        identical outputs. A shared pre-norm γ that is its group's only vector stays on the norm, so the baseline
-        exports unchanged. Refuses designs with an inner Norm (DNP) or Gemma norms."""
+        identical outputs, in logical (unpadded) shapes. A shared pre-norm γ that is its group's only vector stays on
+        the norm, so the baseline exports unchanged. Refuses designs with an inner Norm (DNP) or Gemma norms."""
         if not self.cfg.scale.foldable or self.cfg.gemma_norms:
             raise ValueError("only designs without an inner Norm fold into a plain Llama: "
                              "DNP and the Gemma norms add normalizations a plain Llama does not have")
@@ -272,6 +286,8 @@ class Llama(nn.Module):
                 if not {"in_scale", "out_scale"} & set(name.split(".")):
                     out.setdefault(f"{p}mlp.{name}", t.detach().clone())
         fold_group(self.norm, {"lm_head.weight": self.lm_head}, "norm.scale.weight")
+        for name, shape in self.logical_shapes().items():  # drop the FFN padding (zeros: nothing folds into it)
+            out[name] = out[name][tuple(slice(0, n) for n in shape)].contiguous()
         return out
 
 
@@ -290,8 +306,9 @@ def _ffn_branches(mlp: nn.Module) -> list[tuple[str, ScaledLinear | ExpertBranch
 
 def plain_config(cfg: ModelConfig) -> ModelConfig:
     """The plain Llama (or Llama-MoE) that `folded_state_dict` fills: same sizes, one direct γ per norm, nothing
-    else."""
-    return replace(cfg, scale=ScaleConfig(), gemma_norms=False)
+    else, and no FFN padding (the folded weights are logical)."""
+    moe = None if cfg.moe is None else replace(cfg.moe, pad_multiple=None)
+    return replace(cfg, scale=ScaleConfig(), gemma_norms=False, ffn_pad_multiple=1, moe=moe)
 
 
 def _dtype(model: nn.Module) -> torch.dtype:

@@ -22,11 +22,12 @@ model/scaling.py builds every vector; this file only routes.
 
 Compute: slots (token, choice) are sorted by expert (a stable argsort), the tokens gathered once, and each expert
 matrix applied to its contiguous rows — by the grouped GEMM (`torch.nn.functional.grouped_mm`, CUDA bf16, no host
-sync, no Python loop over experts) or by an exact per-expert loop (CPU, fp32, float64). The routed hidden size is
-zero-padded to a multiple of `pad_multiple` (the GEMM needs 16-byte-aligned strides): padded units of gate/up output 0,
-SiLU(0)·0 = 0, and every gradient into a padded row or column is exactly 0, so AdamW (m = v = 0) and Muon (zero rows
-stay zero through Newton–Schulz) never move them; parameter counts use the logical size. The combine gathers the
-slots back into token order and sums the k weighted outputs — no atomic scatter-add.
+sync, no Python loop over experts) or by an exact per-expert loop (CPU, fp32, float64). The routed hidden size, like
+every FFN's, is zero-padded to a multiple of `model.ffn_pad_multiple` (the grouped GEMM needs 16-byte strides,
+cuBLAS prefers 128): padded units of gate/up output 0, SiLU(0)·0 = 0, and every gradient into a padded row or column
+is exactly 0, so AdamW (m = v = 0) and Muon (zero rows stay zero through Newton–Schulz; its scale reads the logical
+shape) never move them; parameter counts use the logical size. The combine gathers the slots back into token order
+and sums the k weighted outputs — no atomic scatter-add.
 """
 from __future__ import annotations
 
@@ -93,18 +94,20 @@ def loop_matmul(x: torch.Tensor, weight: torch.Tensor, counts: list[int]) -> tor
 
 
 class MoE(nn.Module):
-    """`shared_expert`: the always-on SwiGLU (llama.MLP over the same norm's layout), or None."""
+    """`shared_expert`: the always-on SwiGLU (llama.MLP over the same norm's layout), or None. `expert_dim_padded`:
+    the stored routed hidden size (ModelConfig.padded_ffn), ≥ the logical cfg.expert_dim(d)."""
 
     def __init__(self, d: int, eps: float, layout: GroupLayout, cfg: MoEConfig, router_output: bool,
-                 shared_expert: Optional[nn.Module]):
+                 shared_expert: Optional[nn.Module], expert_dim_padded: Optional[int] = None):
         super().__init__()
         self.cfg, self.d = cfg, d
-        E, f, fp = cfg.n_experts, cfg.expert_dim(d), cfg.expert_dim_padded(d)
+        E, f = cfg.n_experts, cfg.expert_dim(d)
+        fp = expert_dim_padded or f
         self.n_experts, self.top_k, self.expert_dim, self.expert_dim_padded = E, cfg.top_k, f, fp
         self.router = layout.branch(d, E, eps, role=Role.ROUTER, output_side=router_output)
         self.gate_proj = layout.experts(E, d, f, fp, eps)  # (E, fp, d)
         self.up_proj = layout.experts(E, d, f, fp, eps)  # (E, fp, d)
-        self.down_proj = ExpertBranch(E, fp, d, d)  # (E, d, fp): no vectors
+        self.down_proj = ExpertBranch(E, f, d, d_in_padded=fp)  # (E, d, fp): no vectors
         self.shared_expert = shared_expert
         self.shared_expert_gate = (layout.branch(d, 1, eps, role=Role.ROUTER, output_side=False)
                                    if cfg.shared_gate else None)
@@ -226,15 +229,6 @@ class MoE(nn.Module):
         self.expert_bias += self.cfg.bias_rate * torch.sign(load.mean() - load)
 
     # ---------------------------------------------------------------------------------------------- counting
-
-    def padding_params(self) -> int:
-        """Zeros of the hidden-size padding in the three expert stacks (never counted as parameters)."""
-        return 3 * self.n_experts * (self.expert_dim_padded - self.expert_dim) * self.d
-
-    def logical_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Unpadded shapes of the padded weights, by local parameter name (for init)."""
-        E, f, d = self.n_experts, self.expert_dim, self.d
-        return {"gate_proj.weight": (E, f, d), "up_proj.weight": (E, f, d), "down_proj.weight": (E, d, f)}
 
     def inactive_params(self) -> int:
         """Parameters one token does not use: the (E − k) routed experts it is not sent to (their matrices and their

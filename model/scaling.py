@@ -138,16 +138,28 @@ class ScaledLinear(nn.Module):
     """A bias-free linear map with its optional branch vectors: y = u ⊙ post(W (v ⊙ x)), x already Norm'd.
 
     in_scale = v (Input-Norm), out_scale = u (Output-Norm), inner = DNP's inner Norm (`post`).
+
+    d_in/d_out are logical; W is stored (d_out_padded, d_in_padded), the extra rows/columns zero (an FFN hidden padded
+    to model.ffn_pad_multiple): the input's padded units are zeros, the padded outputs are zeros, u keeps the logical
+    width (zero-padded on the fly: no parameter is padding), and the inner Norm divides by the logical d_out.
     """
 
     def __init__(self, d_in: int, d_out: int, *, in_scale: Optional[ScaleVector] = None,
-                 inner: Optional[Norm] = None, out_scale: Optional[ScaleVector] = None, role: Role = Role.MATRIX):
+                 inner: Optional[Norm] = None, out_scale: Optional[ScaleVector] = None, role: Role = Role.MATRIX,
+                 d_in_padded: Optional[int] = None, d_out_padded: Optional[int] = None):
         super().__init__()
         self.d_in, self.d_out, self.role = d_in, d_out, role
+        self.d_in_padded, self.d_out_padded = d_in_padded or d_in, d_out_padded or d_out
+        if in_scale is not None and self.d_in_padded != d_in:
+            raise ValueError("an input-side vector needs an unpadded input (only FFN hidden sizes are padded)")
         self.in_scale = in_scale
-        self.weight = nn.Parameter(torch.empty(d_out, d_in))
+        self.weight = nn.Parameter(torch.empty(self.d_out_padded, self.d_in_padded))
         self.inner = inner
         self.out_scale = out_scale
+
+    @property
+    def logical_shape(self) -> tuple[int, int]:
+        return self.d_out, self.d_in
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (..., d_in) → (..., d_out).
@@ -158,20 +170,21 @@ class ScaledLinear(nn.Module):
         the one shared normalized input rather than one scaled copy per branch (HG). The LM head (W: vocab × d)
         scales its activations. DESIGN.md's rule stands: no diag() matrices, no u vᵀ outer product."""
         w = self.weight.to(x.dtype)  # .to: a no-op except for the MoE router, which runs in fp32 on bf16 weights
-        rows = x.numel() // self.d_in
-        fold_in = self.in_scale is not None and rows >= self.d_out
-        fold_out = self.out_scale is not None and self.inner is None and rows >= self.d_in
+        rows = x.numel() // self.d_in_padded
+        fold_in = self.in_scale is not None and rows >= self.d_out_padded
+        fold_out = self.out_scale is not None and self.inner is None and rows >= self.d_in_padded
         if fold_in:
-            w = w * self.in_scale()  # W diag(v): (d_out, d_in)
+            w = w * self.in_scale()  # W diag(v): (d_out_padded, d_in)
         elif self.in_scale is not None:
             x = x * self.in_scale()
+        u = pad_last(self.out_scale(), self.d_out_padded) if self.out_scale is not None else None  # (d_out_padded,)
         if fold_out:
-            w = w * self.out_scale()[:, None]  # diag(u) W
-        y = F.linear(x, w)
+            w = w * u[:, None]  # diag(u) W
+        y = F.linear(x, w)  # (..., d_out_padded)
         if self.inner is not None:
             y = self.inner(y)
-        if self.out_scale is not None and not fold_out:
-            y = y * self.out_scale()
+        if u is not None and not fold_out:
+            y = y * u
         return y
 
     @torch.no_grad()
@@ -180,66 +193,77 @@ class ScaledLinear(nn.Module):
         shared pre-norm vector being folded in as well. Refuses a branch with an inner Norm (DNP)."""
         if self.inner is not None:
             raise ValueError("a branch with DNP's inner Norm does not fold into a plain linear map")
-        w = self.weight.detach().clone()  # (d_out, d_in)
+        w = self.weight.detach().clone()  # (d_out_padded, d_in_padded)
         v = self.in_scale() if self.in_scale is not None else None
         if extra_in is not None:
             v = extra_in if v is None else v * extra_in
         if v is not None:
             w = w * v[None, :]
         if self.out_scale is not None:
-            w = w * self.out_scale()[:, None]
+            w = w * pad_last(self.out_scale(), self.d_out_padded)[:, None]
         return w
 
     def extra_repr(self) -> str:
-        return f"d_in={self.d_in}, d_out={self.d_out}, role={self.role.value}"
+        padded = "" if self.weight.shape == self.logical_shape else f", stored={tuple(self.weight.shape)}"
+        return f"d_in={self.d_in}, d_out={self.d_out}{padded}, role={self.role.value}"
+
+
+def pad_last(u: torch.Tensor, width: int) -> torch.Tensor:
+    """u (..., n) → (..., width), zeros appended: a logical-width vector against a padded matrix's rows."""
+    return F.pad(u, (0, width - u.shape[-1])) if width != u.shape[-1] else u
 
 
 class ExpertBranch(nn.Module):
     """One branch (gate or up) of every routed expert, stacked: for a row r routed to expert e,
 
-        y_r = u_e ⊙ post(W_e (v ⊙ x_r)),   W: (E, d_out_padded, d_in),
+        y_r = u_e ⊙ post(W_e (v ⊙ x_r)),   W: (E, d_out_padded, d_in_padded),
 
     with v shared by the experts (it acts on the token, in R^d_in, the same space for every expert) and u_e, W_e per
-    expert (an expert's hidden units are its own). Rows of W past d_out are zero padding for the grouped GEMM's
-    alignment; they stay zero in training (model/moe.py) and the inner Norm divides by the logical d_out.
+    expert (an expert's hidden units are its own). Rows (gate/up) or columns (down) of W past the logical size are
+    zero padding (model.ffn_pad_multiple); they stay zero in training (model/moe.py), u_e keeps the logical width and
+    the inner Norm divides by the logical d_out, as in ScaledLinear.
     """
 
-    def __init__(self, n_experts: int, d_in: int, d_out: int, d_out_padded: int, *,
+    def __init__(self, n_experts: int, d_in: int, d_out: int, d_out_padded: Optional[int] = None, *,
                  in_scale: Optional[ScaleVector] = None, inner: Optional[Norm] = None,
-                 out_scale: Optional[ScaleVector] = None):
+                 out_scale: Optional[ScaleVector] = None, d_in_padded: Optional[int] = None):
         super().__init__()
-        self.n_experts, self.d_in, self.d_out, self.d_out_padded = n_experts, d_in, d_out, d_out_padded
+        self.n_experts, self.d_in, self.d_out = n_experts, d_in, d_out
+        self.d_in_padded, self.d_out_padded = d_in_padded or d_in, d_out_padded or d_out
+        if in_scale is not None and self.d_in_padded != d_in:
+            raise ValueError("an input-side vector needs an unpadded input (only FFN hidden sizes are padded)")
         self.role = Role.EXPERT_MATRIX
         self.in_scale = in_scale
-        self.weight = nn.Parameter(torch.empty(n_experts, d_out_padded, d_in))
+        self.weight = nn.Parameter(torch.empty(n_experts, self.d_out_padded, self.d_in_padded))
         self.inner = inner
         self.out_scale = out_scale
 
+    @property
+    def logical_shape(self) -> tuple[int, int, int]:
+        return self.n_experts, self.d_out, self.d_in
+
     def forward(self, x: torch.Tensor, expert_of_row: torch.Tensor, matmul) -> torch.Tensor:
-        """x: (N, d_in) rows sorted by expert; expert_of_row: (N,) int64; matmul(x, W) → (N, d_out_padded), the
-        grouped GEMM or the per-expert loop of model/moe.py."""
-        w = self.weight  # (E, d_out_padded, d_in)
+        """x: (N, d_in_padded) rows sorted by expert; expert_of_row: (N,) int64; matmul(x, W) → (N, d_out_padded),
+        the grouped GEMM or the per-expert loop of model/moe.py."""
+        w = self.weight  # (E, d_out_padded, d_in_padded)
         if self.in_scale is not None:  # the smaller side, as in ScaledLinear.forward
             if x.shape[0] >= w.shape[0] * w.shape[1]:
                 w = w * self.in_scale()
             else:
                 x = x * self.in_scale()
         if self.out_scale is not None and self.inner is None:
-            w = w * self._padded(self.out_scale())[:, :, None]  # diag(u_e) W_e: no per-row gather of u
+            w = w * pad_last(self.out_scale(), self.d_out_padded)[:, :, None]  # diag(u_e) W_e: no per-row gather
         y = matmul(x, w)
         if self.inner is not None:
             y = self.inner(y)
-            if self.out_scale is not None:
-                y = y * self._padded(self.out_scale())[expert_of_row]  # (E, d_out_padded) → one row per token slot
+            if self.out_scale is not None:  # (E, d_out_padded) → one row per token slot
+                y = y * pad_last(self.out_scale(), self.d_out_padded)[expert_of_row]
         return y
-
-    def _padded(self, u: torch.Tensor) -> torch.Tensor:
-        pad = self.d_out_padded - self.d_out
-        return torch.nn.functional.pad(u, (0, pad)) if pad else u
 
     @torch.no_grad()
     def folded_weight(self, extra_in: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """diag(u_e) W_e diag(v ⊙ extra_in) for every expert: (E, d_out_padded, d_in). Refuses DNP's inner Norm."""
+        """diag(u_e) W_e diag(v ⊙ extra_in) for every expert: (E, d_out_padded, d_in_padded). Refuses DNP's inner
+        Norm."""
         if self.inner is not None:
             raise ValueError("a branch with DNP's inner Norm does not fold into a plain linear map")
         w = self.weight.detach().clone()
@@ -249,12 +273,12 @@ class ExpertBranch(nn.Module):
         if v is not None:
             w = w * v[None, None, :]
         if self.out_scale is not None:
-            w = w * self._padded(self.out_scale())[:, :, None]
+            w = w * pad_last(self.out_scale(), self.d_out_padded)[:, :, None]
         return w
 
     def extra_repr(self) -> str:
-        return (f"n_experts={self.n_experts}, d_in={self.d_in}, d_out={self.d_out}, "
-                f"d_out_padded={self.d_out_padded}, role={self.role.value}")
+        padded = "" if self.weight.shape == self.logical_shape else f", stored={tuple(self.weight.shape)}"
+        return f"n_experts={self.n_experts}, d_in={self.d_in}, d_out={self.d_out}{padded}, role={self.role.value}"
 
 
 @dataclass(frozen=True)
@@ -271,16 +295,19 @@ class GroupLayout:
         return Norm(dim, eps, ScaleVector(dim, self.reparam, Role.SCALE_INPUT) if self.shared_input else None)
 
     def branch(self, d_in: int, d_out: int, eps: float, inner_group: Optional[int] = None,
-               role: Role = Role.MATRIX, output_side: bool = True) -> ScaledLinear:
+               role: Role = Role.MATRIX, output_side: bool = True,
+               d_out_padded: Optional[int] = None) -> ScaledLinear:
         """`inner_group`: DNP normalizes over groups of this size (head_dim on q/k/v; None = whole vector).
-        `output_side=False`: the branch keeps only the input side (the MoE router unless `scale.router`)."""
+        `output_side=False`: the branch keeps only the input side (the MoE router unless `scale.router`).
+        `d_out_padded`: the stored width of a padded FFN hidden (gate/up); the inner Norm still divides by d_out."""
         output = self.output and output_side
+        stored = d_out_padded or d_out
         return ScaledLinear(
             d_in, d_out,
             in_scale=ScaleVector(d_in, self.reparam, Role.SCALE_INPUT) if self.branch_input else None,
-            inner=Norm(d_out, eps, None, inner_group) if self.inner_norm and output else None,
+            inner=Norm(stored, eps, None, inner_group, logical=d_out) if self.inner_norm and output else None,
             out_scale=ScaleVector(d_out, self.reparam, Role.SCALE_OUTPUT) if output else None,
-            role=role,
+            role=role, d_out_padded=stored,
         )
 
     def experts(self, n_experts: int, d_in: int, d_out: int, d_out_padded: int, eps: float) -> ExpertBranch:

@@ -19,6 +19,9 @@ def breakdown(model: Llama, seq_len: int) -> dict:
         "vocab_size": model.cfg.vocab_size,
         "seq_len": seq_len,
         "flops_per_token": model.flops_per_token(seq_len),
+        # storage, not parameters: FFN hidden sizes zero-padded to ffn_pad_multiple (every count above is logical)
+        "ffn_pad_multiple": model.cfg.ffn_pad_multiple,
+        "padding_zeros": model.padding_zeros(),
         "scale": vars(model.cfg.scale) | {"gemma_norms": model.cfg.gemma_norms},
         "moe": None if model.cfg.moe is None else vars(model.cfg.moe),
     }
@@ -36,4 +39,7 @@ def format_breakdown(model: Llama, seq_len: int) -> str:
     lines += [f"  {role:<20}{n:>15,}" for role, n in info["by_role"].items()]
     lines.append(f"training FLOPs/token  {info['flops_per_token']:>15,}  (6N + attention at seq_len "
                  f"{info['seq_len']}; N = activated non-embedding params)")
+    if info["padding_zeros"]:
+        lines.append(f"FFN padding (zeros)   {info['padding_zeros']:>15,}  (stored, not counted: hidden sizes padded "
+                     f"to a multiple of {info['ffn_pad_multiple']})")
     return "\n".join(lines)

@@ -39,9 +39,11 @@ def build_optimizer(
     Call after FSDP2 wrapping (parameters must be the DTensors the forward uses; names are unchanged by
     fully_shard). `fused=True` selects torch's fused AdamW kernel, used only when every AdamW parameter is on
     CUDA; numerics match the foreach path to rounding. Each group has "name", "kind", "lr", "initial_lr" (the
-    peak, cfg.lr) and "lr_scale" (1.0): `set_lr` writes lr · lr_scale.
+    peak, cfg.lr) and "lr_scale" (1.0): `set_lr` writes lr · lr_scale. A model with zero-padded weights (Llama's
+    `logical_shapes`) gives Muon their unpadded shapes for its update scale.
     """
-    groups = param_groups(model.named_parameters(), roles, cfg)
+    logical = model.logical_shapes() if hasattr(model, "logical_shapes") else {}
+    groups = param_groups(model.named_parameters(), roles, cfg, logical)
     on_cuda = all(p.device.type == "cuda" for g in groups if g["kind"] == "adamw" for p in g["params"])
     return HybridOptimizer(groups, fused=fused and on_cuda)
 

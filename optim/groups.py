@@ -7,7 +7,7 @@ decay the paper leaves open (PAPER.md §1.7, §6.1) and `optim.scale_wd_alpha` d
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional
 
 import torch
 
@@ -63,9 +63,12 @@ def param_groups(
     named_params: Iterable[tuple[str, torch.nn.Parameter]],
     roles: Mapping[str, Role | str],
     cfg: OptimConfig,
+    logical_shapes: Optional[Mapping[str, tuple[int, ...]]] = None,
 ) -> list[dict[str, Any]]:
     """Param-group dicts for `HybridOptimizer`, each with `name` (for logging), `kind` ("adamw" | "muon"),
     `params`, `weight_decay`, `lr` (= cfg.lr, the peak) and `lr_scale` (the trainer sets lr = schedule · lr_scale).
+    The muon group also has `logical_shapes`, parallel to `params`: each matrix's unpadded shape (`logical_shapes`,
+    Llama.logical_shapes(); its own shape when absent), which Muon's update scale reads (optim/muon.py).
 
     adamw: groups "adamw/decay" and "adamw/no_decay". muon: "muon" (every Muon role; matrices always decay,
     PAPER.md §3.2: "weight decay 0.1") plus the two AdamW groups for everything else. Empty groups are dropped.
@@ -81,12 +84,14 @@ def param_groups(
         raise ValueError(f"parameters without a role: {sorted(missing)}")
 
     buckets: dict[str, list[torch.nn.Parameter]] = {"muon": [], "adamw/decay": [], "adamw/no_decay": []}
+    muon_shapes: list[tuple[int, ...]] = []
     for name, p in params:
         role = roles[name]
         if cfg.name == "muon" and role_value(role) in MUON_ROLES:
             if p.ndim < 2:
                 raise ValueError(f"{name}: role {role_value(role)} goes to Muon but has shape {tuple(p.shape)}")
             buckets["muon"].append(p)
+            muon_shapes.append(tuple((logical_shapes or {}).get(name, p.shape)))
         elif decays(name, role, cfg.scale_weight_decay, cfg.scale_wd_alpha):
             buckets["adamw/decay"].append(p)
         else:
@@ -99,7 +104,7 @@ def param_groups(
             name="muon", kind="muon", params=buckets["muon"], lr=cfg.lr, initial_lr=cfg.lr, lr_scale=1.0,
             weight_decay=cfg.weight_decay, momentum=m.momentum, nesterov=m.nesterov,
             ns_coefficients=tuple(m.ns_coefficients), ns_steps=m.ns_steps, eps=m.eps, update_scale=m.update_scale,
-            ns_dtype=m.ns_dtype, distributed=m.distributed,
+            ns_dtype=m.ns_dtype, distributed=m.distributed, logical_shapes=muon_shapes,
         ))
     for name, wd in (("adamw/decay", cfg.weight_decay), ("adamw/no_decay", 0.0)):
         if buckets[name]:

@@ -8,6 +8,9 @@ Per matrix W ∈ R^{m×n} with gradient G, each step (Keller Jordan's Muon + Moo
     W ← W·(1 − lr·wd)                             decoupled weight decay, wd 0.1 (PAPER.md §3.2)
     W ← W − lr·s(m, n)·O                          s = 0.2·√max(m, n) (Moonlight: update RMS ≈ AdamW's, so AdamW's
                                                   lr and wd carry over) or √max(1, m/n) (Keller Jordan's)
+(m, n) is the LOGICAL shape (the group's "logical_shapes", parallel to "params"): a matrix stored zero-padded (an FFN
+hidden, model.ffn_pad_multiple) is scaled as its unpadded self; its zero gradient rows/columns stay exactly zero
+through Newton–Schulz (each iterate p(XXᵀ)·X keeps X's zero rows and columns), so its update is the unpadded one's.
 `lr` is read from the param group at every step, so the schedule works by writing group["lr"].
 
 Why not just torch.optim.Muon: torch ≥ 2.9 has exactly this math (the same EMA-form momentum, `adjust_lr_fn`
@@ -283,10 +286,20 @@ def momentum_update(grad: Tensor, momentum_buffer: Tensor, momentum: float, nest
     return grad.lerp(momentum_buffer, momentum) if nesterov else momentum_buffer
 
 
-def apply_update(param: Tensor, ortho: Tensor, lr: float, weight_decay: float, update_scale_kind: str) -> None:
-    """W ← W·(1 − lr·wd) − lr·s(m, n)·O, in place."""
+def apply_update(param: Tensor, ortho: Tensor, lr: float, weight_decay: float, update_scale_kind: str,
+                 shape: Optional[Sequence[int]] = None) -> None:
+    """W ← W·(1 − lr·wd) − lr·s(m, n)·O, in place; (m, n) from `shape` (the logical one) or else param.shape."""
     param.mul_(1 - lr * weight_decay)
-    param.add_(ortho, alpha=-lr * update_scale(param.shape, update_scale_kind))
+    param.add_(ortho, alpha=-lr * update_scale(param.shape if shape is None else shape, update_scale_kind))
+
+
+def logical_shape(group: dict[str, Any], param: Tensor) -> tuple[int, ...]:
+    """The global shape whose update scale `param` takes: the group's "logical_shapes" entry for it (a zero-padded
+    matrix's unpadded shape), else its own."""
+    for q, shape in zip(group["params"], group.get("logical_shapes") or ()):
+        if q is param:
+            return tuple(shape)
+    return tuple(param.shape)
 
 
 @torch.no_grad()
@@ -373,7 +386,7 @@ class Muon(torch.optim.Optimizer):
                 orthos = [self._orthogonalize_one(u, specs[i], flags[i]) for u, i in zip(updates, batch)]
             for i, ortho in zip(batch, orthos):
                 p, g = work[i]
-                apply_update(p, ortho, float(g["lr"]), g["weight_decay"], g["update_scale"])
+                apply_update(p, ortho, float(g["lr"]), g["weight_decay"], g["update_scale"], logical_shape(g, p))
         return loss
 
     def _update(self, p: Tensor, group: dict[str, Any]) -> Tensor:

@@ -1,7 +1,9 @@
 """Export a checkpoint as a Hugging Face `transformers` LlamaForCausalLM directory (config.json + safetensors).
 
 Every scale-vector design without an inner Norm folds exactly into a plain Llama (PAPER.md §1.8): the vectors are
-multiplied into the adjacent weights, so `LlamaForCausalLM.from_pretrained(DIR)` gives the same logits.
+multiplied into the adjacent weights, so `LlamaForCausalLM.from_pretrained(DIR)` gives the same logits. The FFN weights
+are written at their logical size (intermediate_size = int(8d/3) or model.d_ffn), without the storage padding of
+model.ffn_pad_multiple.
 
     python -m scripts.export_hf --config runs/NAME/config.yaml --checkpoint runs/NAME --out hf/NAME
 """
@@ -31,7 +33,7 @@ _LAYER_NAMES = {  # ours → transformers', inside layers.{i}
 
 
 def hf_state_dict(model: Llama) -> dict[str, torch.Tensor]:
-    """The folded weights under transformers' LlamaForCausalLM names."""
+    """The folded, unpadded weights under transformers' LlamaForCausalLM names."""
     out = {}
     for key, value in model.folded_state_dict().items():
         if key.startswith("layers."):

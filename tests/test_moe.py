@@ -1,5 +1,5 @@
 """Llama-MoE: the paper's parameter counts, the dense limit, dispatch/combine against a per-token reference (grouped
-GEMM and loop), padding, balancing (aux loss, bias), every scale preset, folding, roles, Muon per expert."""
+GEMM and loop), balancing (aux loss, bias), every scale preset, folding, roles, Muon per expert."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -20,7 +20,7 @@ V = 61
 
 
 def moe_cfg(preset: str = "baseline", **moe) -> ModelConfig:
-    """A small MoE: d 32, 2 layers, 8 experts of hidden 21 (padded to 24), top-2, a shared expert."""
+    """A small MoE: d 32, 2 layers, 8 experts of hidden 21 (stored as 64), top-2, a shared expert of 85 (128)."""
     cfg = load_config(f"configs/scale/{preset}.yaml").model
     return replace(cfg, d_model=32, n_layers=2, n_heads=4, vocab_size=V,
                    moe=MoEConfig(**{"n_experts": 8, "top_k": 2, **moe}))
@@ -52,8 +52,9 @@ def test_paper_moe_parameter_counts(size):
     assert model.num_params() == total and model.activated_params() == activated
     assert model.params_by_role()["scale_input"] == (2 * cfg.model.n_layers + 1) * cfg.model.d_model
     moe = model.layers[0].mlp
-    assert moe.expert_dim == int(2 * cfg.model.d_model / 3) and moe.expert_dim_padded % 8 == 0
-    assert model.layers[0].mlp.shared_expert.gate_proj.d_out == int(8 * cfg.model.d_model / 3)
+    assert moe.expert_dim == int(2 * cfg.model.d_model / 3) and moe.expert_dim_padded % 64 == 0
+    shared = model.layers[0].mlp.shared_expert.gate_proj
+    assert shared.d_out == int(8 * cfg.model.d_model / 3) and shared.weight.shape[0] % 64 == 0
     # MFU counts what a token costs: activated parameters without the input embedding
     n = activated - cfg.model.padded_vocab * cfg.model.d_model
     assert model.flops_per_token(1024) == 6 * n + 12 * cfg.model.n_layers * cfg.model.d_model * 1024
@@ -78,7 +79,7 @@ def _dense_twin(cfg: ModelConfig) -> ModelConfig:
 def test_one_expert_top1_no_shared_is_the_dense_swiglu(preset):
     """E = 1, k = 1, no shared expert: the router's softmax is 1, so the MoE is the dense model with the same
     weights (vectors included) — for every design."""
-    cfg = replace(moe_cfg(preset, n_experts=1, top_k=1, n_shared=0, expert_ffn=48, pad_multiple=1),
+    cfg = replace(moe_cfg(preset, n_experts=1, top_k=1, n_shared=0, expert_ffn=48),  # both stored as 64
                   scale=replace(load_config(f"configs/scale/{preset}.yaml").model.scale))
     dense = build_model(_dense_twin(cfg), dtype=torch.float64)
     randomize_vectors(dense)
@@ -145,43 +146,8 @@ def test_grouped_and_loop_agree_with_every_vector():
     torch.testing.assert_close(b.double(), a, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("preset", ["baseline", "unified"])
-def test_padding_changes_nothing(preset):
-    """Hidden 21 padded to 24 vs unpadded: the same outputs and gradients, and the padding's gradient is exactly 0."""
-    cfg = moe_cfg(preset, pad_multiple=1)
-    plain, padded = build_model(cfg), build_model(replace(cfg, moe=replace(cfg.moe, pad_multiple=8)))
-    randomize_vectors(plain)
-    randomize_vectors(padded)
-    assert plain.num_params() == padded.num_params()
-    for m in (plain, padded):
-        (m(TOKENS).pow(2).mean() + m.aux_loss()).backward()
-    p1, p2 = dict(plain.named_parameters()), dict(padded.named_parameters())
-    for name, p in p1.items():
-        q = p2[name]
-        crop = tuple(slice(0, n) for n in p.shape)
-        torch.testing.assert_close(q[crop], p, rtol=0, atol=0, msg=name)  # the same init, padding aside
-        torch.testing.assert_close(q.grad[crop], p.grad, rtol=1e-5, atol=1e-6, msg=name)
-        if q.shape != p.shape:
-            outside = q.grad.clone()
-            outside[crop] = 0
-            assert outside.abs().max() == 0, name  # the padding's gradient is exactly 0
-
-
-@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
-def test_padded_units_stay_zero_in_training(optimizer):
-    cfg = moe_cfg("hg_dp")
-    model = build_model(cfg)
-    opt = build_optimizer(model, model.param_roles(), OptimConfig(name=optimizer, lr=1e-2))
-    for _ in range(3):
-        (model(TOKENS).pow(2).mean() + model.aux_loss()).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    moe = model.layers[1].mlp
-    f = moe.expert_dim
-    assert moe.expert_dim_padded > f
-    for w in (moe.gate_proj.weight, moe.up_proj.weight):
-        assert w[:, f:].abs().max() == 0 and w[:, :f].abs().min() > 0
-    assert moe.down_proj.weight[:, :, f:].abs().max() == 0
+# Padding (model.ffn_pad_multiple) for the routed experts, the shared expert and the dense MLP alike:
+# tests/test_ffn_padding.py.
 
 
 # ------------------------------------------------------------------------------------------------- balancing
@@ -321,9 +287,10 @@ def test_router_knob_is_refused_where_it_means_nothing():
 
 
 def test_muon_orthogonalizes_each_expert_with_its_own_scale():
-    """A stacked (E, F, d) weight gets E independent Newton–Schulz updates, each scaled by 0.2·√max(F, d)."""
+    """A stacked (E, F, d) weight gets E independent Newton–Schulz updates, each scaled by 0.2·√max(F, d) with F the
+    logical hidden size (21), not the stored one (64)."""
     from optim.muon import update_scale, zeropower_via_newtonschulz
-    model = build_model(moe_cfg("baseline", pad_multiple=1))
+    model = build_model(moe_cfg("baseline"))
     opt = build_optimizer(model, model.param_roles(),
                           OptimConfig(name="muon", lr=0.1, weight_decay=0.0, muon=MuonConfig(ns_dtype="float32",
                                                                                           nesterov=False)))
@@ -333,11 +300,12 @@ def test_muon_orthogonalizes_each_expert_with_its_own_scale():
     model(TOKENS).pow(2).mean().backward()
     grad = w.grad.detach().clone()
     opt.step()
+    assert w.shape == (8, 64, 32) and model.logical_shapes()["layers.0.mlp.gate_proj.weight"] == (8, 21, 32)
     for e in range(w.shape[0]):
-        expected = before[e] - 0.1 * update_scale(w.shape, "moonlight") * zeropower_via_newtonschulz(
+        expected = before[e] - 0.1 * 0.2 * 32 ** 0.5 * zeropower_via_newtonschulz(  # per expert: max(21, 32)
             0.05 * grad[e], dtype=torch.float32)
         torch.testing.assert_close(w[e].detach(), expected, rtol=1e-5, atol=1e-6)
-    assert update_scale(w.shape, "moonlight") == 0.2 * 32 ** 0.5  # per expert: max(21, 32)
+    assert update_scale((8, 21, 32), "moonlight") == 0.2 * 32 ** 0.5 != update_scale(w.shape, "moonlight")
 
 
 @pytest.mark.gpu
