@@ -81,7 +81,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
 def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
     import torch.distributed as dist
 
-    from data.loader import TrainLoader, read_meta, val_batches
+    from data.loader import TrainLoader, read_meta, resolve_prefetch, val_batches
     from data.prepare import ensure_prepared
     from optim import clip_grad_norm, lr_at, set_lr
     from runtime.build import build_training_model
@@ -120,7 +120,9 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
     # ---- model: build on meta → shard (FSDP2) → materialize → one init → compile blocks → optimizer
     built = build_training_model(cfg, di.device)
     model, optimizer = built.model, built.optimizer
-    loader = TrainLoader(cfg.data.dir, cfg.data.seq_len, t.micro_batch, di.rank, di.world_size, t.seed)
+    # On the device, pinned and gathered one micro-batch ahead in a background thread where that pays (CUDA)
+    loader = TrainLoader(cfg.data.dir, cfg.data.seq_len, t.micro_batch, di.rank, di.world_size, t.seed,
+                         device=di.device, prefetch=resolve_prefetch(t.loader_prefetch, di.device))
 
     # ---- resume: the same command in the same run dir continues from the newest complete checkpoint
     run_dir = Path(cfg.log.out_dir) / cfg.log.run_name
@@ -206,8 +208,7 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
             epochs_before = loader.epochs_done
             sums = torch.zeros(2, device=di.device, dtype=torch.float32)  # (LM loss, MoE aux terms) over the step
             for i in range(accum):
-                x, y = loader.next_batch()  # (micro, seq_len) int64 each
-                x, y = x.to(di.device, non_blocking=True), y.to(di.device, non_blocking=True)
+                x, y = loader.next_batch()  # (micro, seq_len) int64 each, on the device (an async copy)
                 if not sync_each:  # accumulate unsharded gradients locally; reduce after the last micro-batch
                     model.set_requires_gradient_sync(i == accum - 1)
                 loss = model(x, y, loss_chunk=chunk)  # fused LM head + loss (model/loss.py)
@@ -277,6 +278,7 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
         failed = True
         raise
     finally:
+        loader.close()
         logger.close(failed=failed)
         if _main_thread():
             for s, handler in previous.items():

@@ -222,11 +222,14 @@ class MoE(nn.Module):
         self.stat_sums.zero_()
 
     @torch.no_grad()
-    def update_bias(self, load: torch.Tensor) -> None:
+    def update_bias(self, load: torch.Tensor, keep: Optional[torch.Tensor] = None) -> None:
         """Aux-loss-free balancing (Wang et al. 2024; DeepSeek-V3): b ← b + rate·sign(mean load − load), from the
-        step's loads summed over every rank, so every rank applies the same update."""
+        step's loads summed over every rank, so every rank applies the same update. `keep` (0-dim, 1 or 0, on the
+        device): 0 for a step that makes no update (a skipped non-finite step), decided without a host read; the
+        bias then stays where it is, like the weights."""
         load = load.to(self.expert_bias)
-        self.expert_bias += self.cfg.bias_rate * torch.sign(load.mean() - load)
+        delta = self.cfg.bias_rate * torch.sign(load.mean() - load)  # (E,)
+        self.expert_bias += delta if keep is None else delta * keep.to(delta.dtype)
 
     # ---------------------------------------------------------------------------------------------- counting
 

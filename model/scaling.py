@@ -45,7 +45,12 @@ class _Norm(torch.autograd.Function):
         x32 = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
         sq = x32.pow(2).mean(-1, keepdim=True) if n is None else x32.pow(2).sum(-1, keepdim=True) / n
         r = torch.rsqrt(sq + eps)  # (…, 1), at least fp32
-        y = (x32 * r).to(x.dtype)
+        y = x32 * r
+        if y.dtype != x.dtype:
+            # Cast only when the dtypes differ: under torch 2.11's dynamo, a same-dtype `.to()` (which returns its
+            # input) on a tensor saved for backward made every gradient through this Function exactly 0 in compiled
+            # graphs (tests/test_compile.py checks compiled gradients against eager). Same numbers either way.
+            y = y.to(x.dtype)
         ctx.save_for_backward(y, r)
         ctx.n = x.shape[-1] if n is None else n
         return y

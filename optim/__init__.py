@@ -2,7 +2,7 @@
 with lr schedules as pure functions (PAPER.md §3.1, §3.3).
 
 The trainer's whole use:
-    opt = build_optimizer(model, model.param_roles(), cfg.optim, fused=on_cuda)
+    opt = build_optimizer(model, model.param_roles(), cfg.optim, fused=True)
     ...
     set_lr(opt, lr_at(step, cfg.train.steps, cfg.optim.lr, cfg.schedule))
     norm = clip_grad_norm(model.parameters(), cfg.optim.grad_clip)
@@ -37,15 +37,15 @@ def build_optimizer(
     """One optimizer for the whole model: Muon on the block matrices when cfg.name == "muon", AdamW elsewhere.
 
     Call after FSDP2 wrapping (parameters must be the DTensors the forward uses; names are unchanged by
-    fully_shard). `fused=True` selects torch's fused AdamW kernel, used only when every AdamW parameter is on
-    CUDA; numerics match the foreach path to rounding. Each group has "name", "kind", "lr", "initial_lr" (the
+    fully_shard). `fused=True` selects torch's fused AdamW kernel (CUDA and CPU; the trainer always asks for
+    it, for its device-side `found_inf` skip); numerics match the foreach path to rounding. Each group has "name", "kind", "lr", "initial_lr" (the
     peak, cfg.lr) and "lr_scale" (1.0): `set_lr` writes lr · lr_scale. A model with zero-padded weights (Llama's
     `logical_shapes`) gives Muon their unpadded shapes for its update scale.
     """
     logical = model.logical_shapes() if hasattr(model, "logical_shapes") else {}
     groups = param_groups(model.named_parameters(), roles, cfg, logical)
-    on_cuda = all(p.device.type == "cuda" for g in groups if g["kind"] == "adamw" for p in g["params"])
-    return HybridOptimizer(groups, fused=fused and on_cuda)
+    supported = all(p.device.type in ("cuda", "cpu") for g in groups if g["kind"] == "adamw" for p in g["params"])
+    return HybridOptimizer(groups, fused=fused and supported)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

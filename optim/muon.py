@@ -128,7 +128,10 @@ def orthogonalize(update: Tensor, coefficients: tuple[float, float, float], step
     docstring); `log` collects the shapes this rank orthogonalizes."""
     spec = NSSpec(coefficients, steps, eps, dtype)
     if isinstance(update, DTensor):
-        full = update.full_tensor()  # all-gather: [m, n] on every rank
+        # all-gather: [m, n] on every rank. Contiguous: torch 2.11 returns a column-sharded (Shard(1)) matrix with
+        # uneven shards as a strided view of its padded gather, and NS on a strided input reduces in another order
+        # (1 ulp apart from the exchange path, which concatenates into a contiguous matrix).
+        full = update.full_tensor().contiguous()
         ortho = spec(full, log)
         # src_data_rank=None: every rank slices its own shard from its own copy, no scatter. Each row lives on
         # one rank only, so the copies need not even agree bit for bit (they do: same kernels, same input); with a
@@ -280,17 +283,36 @@ def plan_buckets(grads: Sequence[Tensor], specs: Sequence[NSSpec], distributed: 
 # ---------------------------------------------------------------------------------------------- the optimizer
 
 
-def momentum_update(grad: Tensor, momentum_buffer: Tensor, momentum: float, nesterov: bool) -> Tensor:
-    """B ← μB + (1−μ)G in place; returns U = (1−μ)G + μB (Nesterov) or B."""
-    momentum_buffer.lerp_(grad, 1 - momentum)
+def momentum_update(grad: Tensor, momentum_buffer: Tensor, momentum: float, nesterov: bool,
+                    keep: Optional[Tensor] = None) -> Tensor:
+    """B ← μB + (1−μ)G in place; returns U = (1−μ)G + μB (Nesterov) or B.
+
+    `keep` (a 0-dim float tensor on the device, 1 or 0): 0 makes this a no-op on B without reading the flag on the
+    host — G is replaced by 0 (it may be NaN) and the lerp weight is 0·(1−μ), so B + 0·(0 − B) = B exactly. With 1
+    the values are those of the path without `keep`, bit for bit (tests/test_muon.py): the weight is the same fp32
+    number and the lerp kernel the same formula."""
+    if keep is None:
+        momentum_buffer.lerp_(grad, 1 - momentum)
+        return grad.lerp(momentum_buffer, momentum) if nesterov else momentum_buffer
+    grad = torch.where(keep > 0, grad, 0.0)
+    momentum_buffer.lerp_(grad, keep * (1 - momentum))
     return grad.lerp(momentum_buffer, momentum) if nesterov else momentum_buffer
 
 
 def apply_update(param: Tensor, ortho: Tensor, lr: float, weight_decay: float, update_scale_kind: str,
-                 shape: Optional[Sequence[int]] = None) -> None:
-    """W ← W·(1 − lr·wd) − lr·s(m, n)·O, in place; (m, n) from `shape` (the logical one) or else param.shape."""
-    param.mul_(1 - lr * weight_decay)
-    param.add_(ortho, alpha=-lr * update_scale(param.shape if shape is None else shape, update_scale_kind))
+                 shape: Optional[Sequence[int]] = None, keep: Optional[Tensor] = None) -> None:
+    """W ← W·(1 − lr·wd) − lr·s(m, n)·O, in place; (m, n) from `shape` (the logical one) or else param.shape.
+
+    `keep` (0-dim, 1 or 0, on the device): 0 leaves W exactly as it is — the decay factor is 1 − 0·lr·wd = 1 and O·0 = 0
+    (O is finite: momentum_update zeroed the gradient) — with no host read. With 1 the numbers are the plain path's:
+    the factor is computed in float64 as Python computes 1 − lr·wd, and O·1 = O."""
+    alpha = -lr * update_scale(param.shape if shape is None else shape, update_scale_kind)
+    if keep is None:
+        param.mul_(1 - lr * weight_decay)
+        param.add_(ortho, alpha=alpha)
+        return
+    param.mul_(1 - keep.double() * (lr * weight_decay))
+    param.add_(ortho * keep.to(ortho.dtype), alpha=alpha)
 
 
 def logical_shape(group: dict[str, Any], param: Tensor) -> tuple[int, ...]:
@@ -366,7 +388,12 @@ class Muon(torch.optim.Optimizer):
                     raise ValueError(f"Muon takes matrices (≥ 2-D); got a parameter of shape {tuple(p.shape)}")
 
     @torch.no_grad()
-    def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
+    def step(self, closure: Optional[Callable[[], float]] = None, found_inf: Optional[Tensor] = None
+             ) -> Optional[float]:
+        """`found_inf`: a 0-dim float tensor on the device; nonzero makes the whole step a no-op (momentum and
+        weights untouched) without a host read — the contract of fused AdamW's found_inf, which train.py passes to
+        both engines (optim/hybrid.py)."""
+        keep = None if found_inf is None else 1.0 - found_inf.float().clamp(0, 1)
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -379,21 +406,22 @@ class Muon(torch.optim.Optimizer):
         # Per batch: momentum → orthogonalize → apply; each parameter's arithmetic is its own, so batching changes
         # no bits, and only one batch's updates are alive at a time.
         for batch, mesh_dim in plan_buckets([p.grad for p, _ in work], specs, flags, self.bucket_elements):
-            updates = [self._update(*work[i]) for i in batch]
+            updates = [self._update(*work[i], keep) for i in batch]
             if mesh_dim is not None:
                 orthos = orthogonalize_exchange(updates, [specs[i] for i in batch], mesh_dim, self.ns_shapes)
             else:
                 orthos = [self._orthogonalize_one(u, specs[i], flags[i]) for u, i in zip(updates, batch)]
             for i, ortho in zip(batch, orthos):
                 p, g = work[i]
-                apply_update(p, ortho, float(g["lr"]), g["weight_decay"], g["update_scale"], logical_shape(g, p))
+                apply_update(p, ortho, float(g["lr"]), g["weight_decay"], g["update_scale"], logical_shape(g, p),
+                             keep=keep)
         return loss
 
-    def _update(self, p: Tensor, group: dict[str, Any]) -> Tensor:
+    def _update(self, p: Tensor, group: dict[str, Any], keep: Optional[Tensor] = None) -> Tensor:
         state = self.state[p]
         if "momentum_buffer" not in state:
             state["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
-        return momentum_update(p.grad, state["momentum_buffer"], group["momentum"], group["nesterov"])
+        return momentum_update(p.grad, state["momentum_buffer"], group["momentum"], group["nesterov"], keep)
 
     def _orthogonalize_one(self, update: Tensor, spec: NSSpec, distributed: bool) -> Tensor:
         where = split_dims(update) if distributed else None

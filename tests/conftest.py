@@ -56,7 +56,18 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
+# The modules whose tests prove training numerics: compiled against eager, the fused head against the plain path,
+# FSDP2 ranks against one process, resume against an uninterrupted run, Muon against torch's, our Llama against
+# transformers', host reads. .ci/torch-lane runs them (`-m numerics`) under the GPU machines' torch.
+NUMERICS_MODULES = {"test_compile", "test_loss", "test_host_reads", "test_train", "test_moe_train", "test_optim_dist",
+                    "test_parallel", "test_checkpoint", "test_checkpoint_fsdp", "test_muon", "test_model", "test_moe",
+                    "test_grad_reduce"}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.module is not None and item.module.__name__.rsplit(".", 1)[-1] in NUMERICS_MODULES:
+            item.add_marker(pytest.mark.numerics)
     import torch
     if torch.cuda.is_available():
         return

@@ -203,7 +203,7 @@ def test_bias_update_moves_load_toward_the_mean():
     for _ in range(40):
         with torch.no_grad():
             moe(h)
-        history.append(moe_step_end(model)["moe/L0/max_load"])
+        history.append(moe_step_end(model, metrics=True)["moe/L0/max_load"])
     late = sum(history[-10:]) / 10
     assert history[0] > 1.6 and late < 0.85 * history[0], history
     assert moe.expert_bias[0] < 0 and moe.tokens_per_expert.sum() == 0  # counters reset after each step
