@@ -16,9 +16,18 @@ windows at stride seq_len, the same for every run. With n windows and ws ranks, 
 of the first ⌊n/ws⌋·ws (the < ws leftover windows are dropped, so with ws = 1 nothing is) and yields them in
 batches of micro_batch, the last one possibly smaller but of the same size on every rank: every rank runs the
 same number of forwards, so collectives never hang. Average losses weighted by rows, not per batch.
+
+Running ahead. With `prefetch=True` a daemon thread gathers micro-batches step, step + 1, … (at most PREFETCH_DEPTH
+ahead) while the trainer computes, and `next_batch()` only takes the next one: the same batches as without it.
+`step` counts the batches the trainer has consumed, never the ones gathered ahead, so `state_dict()` resumes exactly.
+On CUDA the host batch is pinned and its copy to the device asynchronous (with or without prefetch).
+`resolve_prefetch` turns train.loader_prefetch into the flag.
 """
 from __future__ import annotations
 
+import queue
+import threading
+import weakref
 from pathlib import Path
 from typing import Iterator
 
@@ -28,6 +37,19 @@ import torch
 from data.shards import DataError, Meta, load_meta, open_shard
 
 STATE_VERSION = 1
+PREFETCH_DEPTH = 2  # batches gathered ahead of the trainer at most: one hides a gather, two absorb jitter
+_POLL_S = 0.1  # how often a blocked producer looks for close() or a garbage-collected loader
+
+
+def resolve_prefetch(setting: str | bool, device: torch.device | str) -> bool:
+    """train.loader_prefetch → TrainLoader's `prefetch`: true/false as given; "auto" runs ahead on CUDA only. On CPU
+    a gather is ~0.1 ms against a step of ≥ 100 ms and the thread only competes with the step for 2 cores, so auto
+    is off there (measured with scripts/bench_loader.py, docs/benchmarks.md)."""
+    if isinstance(setting, bool):
+        return setting
+    if setting != "auto":
+        raise ValueError(f"loader_prefetch must be auto, true or false (got {setting!r})")
+    return torch.device(device).type == "cuda"
 
 
 def read_meta(data_dir: str | Path) -> dict:
@@ -53,10 +75,12 @@ def _open_split(data_dir: Path, meta: Meta, split: str) -> list[np.ndarray]:
 
 
 class TrainLoader:
-    """Batches (x, y) of int64 tensors (micro_batch, seq_len) for one rank; see the module docstring."""
+    """Batches (x, y) of int64 tensors (micro_batch, seq_len) on `device` for one rank; see the module docstring.
+    With prefetch, call `close()` (or use it as a context manager) when done; a forgotten loader's thread still
+    ends by itself once the loader is garbage-collected, and never holds up interpreter exit (daemon)."""
 
     def __init__(self, data_dir: str | Path, seq_len: int, micro_batch: int, rank: int = 0, world_size: int = 1,
-                 seed: int = 0):
+                 seed: int = 0, *, device: torch.device | str = "cpu", prefetch: bool = False):
         if not (seq_len > 0 and micro_batch > 0 and world_size > 0 and 0 <= rank < world_size):
             raise ValueError(f"TrainLoader: need seq_len, micro_batch > 0 and 0 ≤ rank < world_size "
                              f"(got {seq_len}, {micro_batch}, rank {rank}, world_size {world_size})")
@@ -73,8 +97,14 @@ class TrainLoader:
             raise DataError(f"{self.data_dir}: the train split's shards are shorter than seq_len + 1 = {seq_len + 1} "
                             "tokens; use a smaller seq_len or more data")
         self._first = np.concatenate([[0], np.cumsum(per_shard)])  # first global window id of each shard
-        self.step = 0  # micro-batches produced so far (identical on every rank)
+        self.step = 0  # micro-batches the trainer has consumed (identical on every rank); prefetched ones not
         self._perms: dict[int, np.ndarray] = {}
+        self._perms_lock = threading.Lock()  # the producer thread and the caller may both fill the cache
+        self.device = torch.device(device)
+        self.prefetch = prefetch
+        # Pinned (page-locked) host memory is what lets a host→device copy run asynchronously; it needs CUDA.
+        self._pin = self.device.type == "cuda"
+        self._producer: _Producer | None = None
 
     @property
     def tokens_per_epoch(self) -> int:
@@ -92,11 +122,12 @@ class TrainLoader:
         return int(self._positions(self.step)[0] // self.n_windows)
 
     def permutation(self, epoch: int) -> np.ndarray:
-        if epoch not in self._perms:
-            if len(self._perms) >= 4:  # a batch spans at most a few epochs; keep memory flat
-                self._perms.pop(min(self._perms))
-            self._perms[epoch] = np.random.default_rng([self.seed, epoch]).permutation(self.n_windows)
-        return self._perms[epoch]
+        with self._perms_lock:
+            if epoch not in self._perms:
+                if len(self._perms) >= 4:  # a batch spans at most a few epochs; keep memory flat
+                    self._perms.pop(min(self._perms))
+                self._perms[epoch] = np.random.default_rng([self.seed, epoch]).permutation(self.n_windows)
+            return self._perms[epoch]
 
     def _positions(self, step: int) -> np.ndarray:
         b, ws = self.micro_batch, self.world_size
@@ -104,20 +135,67 @@ class TrainLoader:
 
     def window_ids(self, step: int) -> np.ndarray:
         """Global window ids of this rank's micro-batch number `step`."""
-        pos = self._positions(step)
+        pos = self._positions(step)  # (B,)
         epochs, idx = np.divmod(pos, self.n_windows)
-        return np.array([self.permutation(int(e))[i] for e, i in zip(epochs, idx)], dtype=np.int64)
+        out = np.empty_like(pos)
+        for e in np.unique(epochs):  # one or two epochs per batch
+            sel = epochs == e
+            out[sel] = self.permutation(int(e))[idx[sel]]
+        return out
 
-    def _window(self, wid: int) -> np.ndarray:
-        s = int(np.searchsorted(self._first, wid, side="right") - 1)
-        start = (wid - int(self._first[s])) * self.seq_len
-        return self.shards[s][start: start + self.seq_len + 1]
+    def gather(self, step: int) -> torch.Tensor:
+        """Micro-batch number `step` on the host as one int64 tensor (2, B, L): [0] is x, [1] is y (one buffer, so
+        one copy to the device). Pinned when the device is CUDA. A pure function of `step`: the producer thread
+        calls it ahead of time."""
+        L = self.seq_len
+        out = torch.empty((2, self.micro_batch, L), dtype=torch.int64, pin_memory=self._pin)
+        rows = out.numpy()  # (2, B, L) view of the same memory: numpy widens uint16/uint32 straight into it
+        wids = self.window_ids(step)  # (B,)
+        shard = np.searchsorted(self._first, wids, side="right") - 1  # (B,) the shard of each window
+        starts = (wids - self._first[shard]) * L  # (B,) token offset inside it
+        # One fancy index per shard rather than a Python loop per row: ~2.5× faster, and the time a gather holds
+        # the GIL is what a prefetch thread takes from the training loop's own Python (see resolve_prefetch).
+        for s in np.unique(shard):
+            sel = np.flatnonzero(shard == s)
+            win = self.shards[s][starts[sel, None] + np.arange(L + 1)]  # (b_s, L + 1)
+            rows[0, sel] = win[:, :-1]
+            rows[1, sel] = win[:, 1:]
+        return out
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = np.stack([self._window(int(w)) for w in self.window_ids(self.step)]).astype(np.int64)
+        """The next micro-batch (x, y), each int64 (micro_batch, seq_len) on `device`; y is x shifted by one."""
+        host = self._take_prefetched() if self.prefetch else self.gather(self.step)  # (2, B, L)
         self.step += 1
-        buf = torch.from_numpy(rows)  # (B, L + 1)
-        return buf[:, :-1].contiguous(), buf[:, 1:].contiguous()
+        if self.device.type != "cpu":
+            # Why fresh pinned tensors rather than a few rotating ones: torch's caching host allocator records an
+            # event on the current stream for every non_blocking copy out of a pinned block and hands the block
+            # out again only once that event has completed, so dropping `host` right after this line can never
+            # let a later gather overwrite memory an in-flight copy still reads; rotating buffers would need the
+            # same events by hand. Steady state allocates nothing new (the allocator caches the blocks).
+            # The copy (B·L·16 bytes: 256 KiB at 16 × 1024) is queued on the compute stream: no host wait, and a
+            # side stream would save only its ~10 µs of device time at the cost of cross-stream bookkeeping.
+            host = host.to(self.device, non_blocking=self._pin)
+        return host[0], host[1]
+
+    def _take_prefetched(self) -> torch.Tensor:
+        # (Re)start the producer where the trainer stands: first call, after load_state_dict or close(), or after
+        # anyone moved `step`; its queued batches are for another position then.
+        if self._producer is None or self._producer.next_step != self.step:
+            self.close()
+            self._producer = _Producer(self, self.step)
+        return self._producer.take()
+
+    def close(self) -> None:
+        """Stop the prefetch thread (if any) and drop its queued batches; a later next_batch() starts a new one."""
+        if self._producer is not None:
+            self._producer.close()
+            self._producer = None
+
+    def __enter__(self) -> TrainLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         while True:
@@ -138,11 +216,86 @@ class TrainLoader:
                 raise DataError(f"loader state was saved with {key}={sd.get(key)}, this run has "
                                 f"{key}={getattr(self, key)}; an exact resume needs the same {key}"
                                 + (" (same number of ranks)" if key == "world_size" else ""))
+        self.close()  # batches gathered ahead belong to the old position
         self.step = int(sd["step"])
 
     def __repr__(self) -> str:
         return (f"TrainLoader({self.data_dir}, seq_len={self.seq_len}, micro_batch={self.micro_batch}, rank "
-                f"{self.rank}/{self.world_size}, {self.n_windows} windows, step {self.step})")
+                f"{self.rank}/{self.world_size}, {self.n_windows} windows, step {self.step}, device {self.device}"
+                f"{', prefetch' if self.prefetch else ''})")
+
+
+class _Producer:
+    """One daemon thread gathering micro-batches start, start + 1, … of a loader, in order, at most PREFETCH_DEPTH
+    ahead of take(). The thread holds the loader only through a weak reference, so a loader nobody closed can still
+    be collected, and the thread then ends within _POLL_S. An exception in a gather is queued in that batch's place
+    and raised by take() (the original exception, with its message and traceback), then again on every later take().
+
+    Two C-level SimpleQueues (batches one way, free slots the other) instead of one bounded queue.Queue: a take is
+    then one C call, ~10× cheaper than Queue's Python-level locking right after a step, when caches are cold."""
+
+    def __init__(self, loader: TrainLoader, start: int):
+        self.next_step = start  # the step take() returns next
+        self._ready: queue.SimpleQueue[tuple[int, torch.Tensor | Exception]] = queue.SimpleQueue()
+        self._slots: queue.SimpleQueue[None] = queue.SimpleQueue()  # one token per batch it may gather ahead
+        for _ in range(PREFETCH_DEPTH):
+            self._slots.put(None)
+        self._stop = threading.Event()
+        self._error: Exception | None = None
+        self._thread = threading.Thread(
+            target=_produce, args=(weakref.ref(loader), start, self._ready, self._slots, self._stop),
+            name=f"TrainLoader-prefetch-rank{loader.rank}", daemon=True)
+        self._thread.start()
+
+    def take(self) -> torch.Tensor:
+        if self._error is not None:
+            raise self._error
+        while True:
+            try:
+                step, item = self._ready.get(timeout=_POLL_S)  # returns as soon as a batch is put
+                break
+            except queue.Empty:
+                if not self._thread.is_alive() and self._ready.empty():  # only close() ends it without a batch
+                    raise RuntimeError("TrainLoader: the prefetch thread ended without producing the next batch")
+        if isinstance(item, Exception):
+            self._error = item
+            raise item
+        assert step == self.next_step, (step, self.next_step)
+        self.next_step += 1
+        self._slots.put(None)
+        return item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._slots.put(None)  # wakes a producer waiting for a slot at once
+        self._thread.join(timeout=10 * _POLL_S)  # bounded: a gather in flight is < 1 ms; daemon either way
+        while not self._ready.empty():  # drop the batches gathered ahead now, not when the loader goes
+            self._ready.get_nowait()
+
+
+def _produce(ref: weakref.ref[TrainLoader], step: int, ready: queue.SimpleQueue, slots: queue.SimpleQueue,
+             stop: threading.Event) -> None:
+    """The producer thread's body (a function, not a method, so that it holds no strong reference to the loader)."""
+    while True:
+        while True:  # wait for a free slot, looking now and then for close() or a collected loader
+            try:
+                slots.get(timeout=_POLL_S)
+                break
+            except queue.Empty:
+                if ref() is None:
+                    return
+        loader = ref()
+        if stop.is_set() or loader is None:
+            return
+        try:
+            item: torch.Tensor | Exception = loader.gather(step)
+        except Exception as e:  # surfaced by take(); the thread stops here
+            item = e
+        del loader
+        ready.put((step, item))
+        if isinstance(item, Exception):
+            return
+        step += 1
 
 
 def val_batches(data_dir: str | Path, seq_len: int, micro_batch: int, rank: int = 0, world_size: int = 1,

@@ -1,15 +1,26 @@
-"""The loader's time per batch next to a tiny model's training step: the loader must be noise.
+"""The loader's time per micro-batch with and without prefetch, alone and next to a training step.
 
-    python -m scripts.bench_loader                      # built-in corpus, bpe:8192, the tiny CPU model's shapes
-    python -m scripts.bench_loader --data-dir data_cache/pd_english --seq-len 1024 --micro-batch 8
+    python -m scripts.bench_loader                      # built-in corpus, bpe:8192; shapes 16×256 and 16×1024
+    python -m scripts.bench_loader --data-dir data_cache/pd_english --shapes 8x1024 --repeats 5
 
 Without --data-dir it prepares (once) the built-in corpus with the CPU default tokenizer, like `python train.py`.
-The model is model.llama.Llama (d_model 256, 4 layers, 4 heads by default), trained in fp32 with AdamW.
+For each shape (micro_batch × seq_len; 16×256 is configs/tiny_cpu.yaml's, 16×1024 a paper-like one) it reports,
+as median [min–max] over --repeats rounds that alternate the order of the two modes:
+
+  loader alone     ms per next_batch() called back to back (prefetch: the thread gathers, the caller waits on it)
+  simulated step   a compute-bound step of ~--sim-ms ms (fp32 matmuls on torch's threads) after each next_batch():
+                   ms waiting in next_batch, ms in the step, their sum, and the process's CPU ms (all threads).
+                   On CPU the question is whether a background gather slows the step, since the thread shares
+                   the cores with the step's compute.
+  val stream       the first 65,536 val tokens, as train.py's eval reads them.
+  model step       the tiny Llama (d_model 256, 4 layers, fp32, fwd+bwd+AdamW) on the first shape, the same way.
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -21,68 +32,135 @@ from data.tokenizer import padded_vocab
 from model.config import ModelConfig
 from model.llama import Llama
 
+MODES = {"off": False, "on": True}
 
-def time_loader(data_dir: str, seq_len: int, micro_batch: int, world_size: int, n: int) -> tuple[float, float]:
-    """(ms for the first batch of a fresh loader, mean ms per batch over n batches after it)."""
-    t0 = time.perf_counter()
-    loader = TrainLoader(data_dir, seq_len, micro_batch, rank=world_size - 1, world_size=world_size, seed=0)
-    loader.next_batch()
-    first = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    for _ in range(n):
+
+def time_loader(data_dir: str, seq_len: int, micro_batch: int, world_size: int, n: int, prefetch: bool) -> float:
+    """Mean ms per next_batch() over n calls back to back, after one warm-up batch (opening, first pages)."""
+    with TrainLoader(data_dir, seq_len, micro_batch, rank=world_size - 1, world_size=world_size,
+                     prefetch=prefetch) as loader:
         loader.next_batch()
-    return first * 1e3, (time.perf_counter() - t0) / n * 1e3
+        t0 = time.perf_counter()
+        for _ in range(n):
+            loader.next_batch()
+        return (time.perf_counter() - t0) / n * 1e3
 
 
-def time_model(data_dir: str, args: argparse.Namespace) -> float:
-    """Mean ms per optimizer step (forward, backward, AdamW) of the tiny model on real batches."""
+def time_with_step(loader: TrainLoader, step: Callable[[torch.Tensor, torch.Tensor], None], n: int,
+                   warmup: int) -> tuple[float, float, float, float]:
+    """(ms waiting in next_batch, ms in `step`, ms for both, CPU ms of the whole process incl. the prefetch
+    thread) per iteration, means over n after warmup."""
+    wait = work = 0.0
+    for i in range(warmup + n):
+        if i == warmup:
+            cpu0 = time.process_time()
+        t0 = time.perf_counter()
+        x, y = loader.next_batch()  # (B, L) int64 each
+        t1 = time.perf_counter()
+        step(x, y)
+        t2 = time.perf_counter()
+        if i >= warmup:
+            wait, work = wait + (t1 - t0), work + (t2 - t1)
+    cpu = time.process_time() - cpu0
+    return wait / n * 1e3, work / n * 1e3, (wait + work) / n * 1e3, cpu / n * 1e3
+
+
+def simulated_step(target_ms: float) -> Callable[[torch.Tensor, torch.Tensor], None]:
+    """A compute-bound stand-in for a training step: enough 256×256 fp32 matmuls for about target_ms."""
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    t0 = time.perf_counter()
+    for _ in range(20):
+        a @ b
+    reps = max(1, round(target_ms / ((time.perf_counter() - t0) / 20 * 1e3)))
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        for _ in range(reps):
+            a @ b
+    return step
+
+
+def model_step(data_dir: str, args: argparse.Namespace) -> Callable[[torch.Tensor, torch.Tensor], None]:
+    """One optimizer step (forward, backward, AdamW) of the tiny model."""
     cfg = ModelConfig(d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads,
                       vocab_size=padded_vocab(read_meta(data_dir)["n_vocab"]))
     model = Llama(cfg)
     model.init_weights(0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    loader = TrainLoader(data_dir, args.seq_len, args.micro_batch)
-    times = []
-    for i in range(args.warmup + args.steps):
-        x, y = loader.next_batch()
-        t0 = time.perf_counter()
-        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
-        loss.backward()
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        F.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if i >= args.warmup:
-            times.append(time.perf_counter() - t0)
-    return sum(times) / len(times) * 1e3
+    return step
+
+
+def rounds(repeats: int, measure: Callable[[bool], float | tuple[float, ...]]) -> dict[str, list]:
+    """measure(prefetch) for both modes, `repeats` times, alternating which goes first (machines drift)."""
+    out: dict[str, list] = {m: [] for m in MODES}
+    for r in range(repeats):
+        for mode in (list(MODES) if r % 2 == 0 else list(MODES)[::-1]):
+            out[mode].append(measure(MODES[mode]))
+    return out
+
+
+def span(values: list[float], digits: int) -> str:
+    """median [min–max]: other work on a shared 2-core machine inflates single rounds, never shrinks them"""
+    v = sorted(values)
+    return f"{statistics.median(v):.{digits}f} [{v[0]:.{digits}f}–{v[-1]:.{digits}f}]"
+
+
+def report_step(label: str, results: dict[str, list[tuple[float, float, float, float]]], digits: int) -> None:
+    for mode, rows in results.items():
+        wait, work, total, cpu = (list(v) for v in zip(*rows))
+        print(f"  {label}, prefetch {mode:3s}: wait {span(wait, 3)} + step {span(work, digits)} = "
+              f"{span(total, digits)} ms/iteration; CPU {span(cpu, digits)} ms")
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m scripts.bench_loader", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", help="a prepared data dir (default: the built-in corpus with bpe:8192)")
-    p.add_argument("--seq-len", type=int, default=256)
-    p.add_argument("--micro-batch", type=int, default=16)
-    p.add_argument("--batches", type=int, default=500, help="loader batches to time")
-    p.add_argument("--steps", type=int, default=5, help="model steps to time (after --warmup)")
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--shapes", default="16x256,16x1024", help="micro_batch×seq_len pairs, comma-separated")
+    p.add_argument("--repeats", type=int, default=5, help="rounds per measurement (median [min–max])")
+    p.add_argument("--batches", type=int, default=500, help="loader batches to time per round")
+    p.add_argument("--sim-ms", type=float, default=5.0, help="the simulated step's compute, ms")
+    p.add_argument("--sim-steps", type=int, default=100, help="simulated steps per round")
+    p.add_argument("--steps", type=int, default=4, help="model steps per round (after --warmup); 0 skips them")
+    p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--d-model", type=int, default=256)
     p.add_argument("--n-layers", type=int, default=4)
     p.add_argument("--n-heads", type=int, default=4)
     args = p.parse_args(argv)
+    shapes = [tuple(int(v) for v in s.lower().split("x")) for s in args.shapes.split(",")]
     data_dir = args.data_dir or str(ensure_prepared(
-        DataConfig(dir="data_cache/pd_english_bpe8192", tokenizer="bpe:8192", seq_len=args.seq_len)))
+        DataConfig(dir="data_cache/pd_english_bpe8192", tokenizer="bpe:8192", seq_len=max(L for _, L in shapes))))
     meta = read_meta(data_dir)
     print(f"data: {data_dir} ({meta['tokenizer']['name']}, {meta['splits']['train']['tokens']:,} train tokens); "
-          f"batch {args.micro_batch}×{args.seq_len}; torch threads {torch.get_num_threads()}")
-    for ws in (1, 8):
-        first, per = time_loader(data_dir, args.seq_len, args.micro_batch, ws, args.batches)
-        print(f"loader, world size {ws}: {per:.3f} ms/batch (first batch incl. opening {first:.1f} ms)")
-    t0 = time.perf_counter()
-    n_val = sum(1 for _ in val_batches(data_dir, args.seq_len, args.micro_batch, max_tokens=65536))
-    print(f"val stream, 65,536 tokens: {n_val} batches in {(time.perf_counter() - t0) * 1e3:.1f} ms")
-    _, per = time_loader(data_dir, args.seq_len, args.micro_batch, 1, args.batches)
-    step = time_model(data_dir, args)
-    print(f"model step (d={args.d_model}, {args.n_layers} layers, fp32, fwd+bwd+AdamW): {step:.1f} ms")
-    print(f"loader / step = {per / step * 100:.3f} %")
+          f"torch {torch.__version__}, threads {torch.get_num_threads()}; median [min–max] of {args.repeats} rounds")
+    sim = simulated_step(args.sim_ms)
+    for b, seq_len in shapes:
+        print(f"batch {b}×{seq_len}:")
+        for ws in (1, 8):
+            res = rounds(args.repeats, lambda pf: time_loader(data_dir, seq_len, b, ws, args.batches, pf))
+            print(f"  loader alone, world size {ws}: " + ", ".join(
+                f"prefetch {m} {span(v, 3)} ms/batch" for m, v in res.items()))
+
+        def with_sim(pf: bool) -> tuple[float, float, float, float]:
+            with TrainLoader(data_dir, seq_len, b, prefetch=pf) as loader:
+                return time_with_step(loader, sim, args.sim_steps, warmup=5)
+        report_step(f"simulated {args.sim_ms:g} ms step", rounds(args.repeats, with_sim), 3)
+        t0 = time.perf_counter()
+        n_val = sum(1 for _ in val_batches(data_dir, seq_len, b, max_tokens=65536))
+        print(f"  val stream, 65,536 tokens: {n_val} batches in {(time.perf_counter() - t0) * 1e3:.1f} ms")
+    if args.steps > 0:
+        b, seq_len = shapes[0]
+        step = model_step(data_dir, args)
+
+        def with_model(pf: bool) -> tuple[float, float, float, float]:
+            with TrainLoader(data_dir, seq_len, b, prefetch=pf) as loader:
+                return time_with_step(loader, step, args.steps, args.warmup)
+        print(f"batch {b}×{seq_len}, model d={args.d_model}, {args.n_layers} layers, fp32, fwd+bwd+AdamW:")
+        report_step("model step", rounds(args.repeats, with_model), 1)
 
 
 if __name__ == "__main__":

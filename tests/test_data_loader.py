@@ -1,14 +1,20 @@
-"""The loader over synthetic shards holding 0..N-1: exactly-once epochs for any world size, exact resume, the
-validation stream, and the errors for corrupted shards and mismatched state."""
+"""The loader over synthetic shards holding 0..N-1: exactly-once epochs for any world size, exact resume (with and
+without prefetch), the prefetch thread's lifetime and errors, the validation stream, and the errors for corrupted
+shards and mismatched state."""
 from __future__ import annotations
 
+import gc
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from data.loader import TrainLoader, read_meta, val_batches, val_tokens_used
+from data.loader import PREFETCH_DEPTH, TrainLoader, read_meta, resolve_prefetch, val_batches, val_tokens_used
 from data.shards import DataError, Meta, ShardInfo, SplitInfo, shard_name, write_meta, write_shard
 
 GPT2_INFO = {"spec": "gpt2", "name": "gpt2", "ranks_hash": "x" * 64, "n_vocab": 50257, "eot": 50256}
@@ -81,23 +87,166 @@ def test_order_is_fixed_by_seed_and_epoch(tmp_path):
     assert a.tokens_per_epoch == (1999 // 16) * 16
 
 
+def wait_until_ahead(loader: TrainLoader) -> None:
+    """Give the producer time to fill its queue, so a test sees state taken while batches wait unconsumed."""
+    deadline = time.monotonic() + 5
+    while loader.prefetch and time.monotonic() < deadline:
+        if loader._producer is not None and loader._producer._ready.qsize() == PREFETCH_DEPTH:
+            return
+        time.sleep(0.01)
+
+
+def prefetch_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("TrainLoader-prefetch")]
+
+
 @pytest.mark.parametrize("ws", [1, 2])
-def test_resume_matches_an_uninterrupted_loader(tmp_path, ws):
-    d = make_dir(tmp_path, train=[300, 211])
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_resume_matches_an_uninterrupted_loader(tmp_path, ws, prefetch):
+    d = make_dir(tmp_path, train=[300, 211])  # 18 + 13 = 31 windows
     for r in range(ws):
-        straight = TrainLoader(d, 16, 3, r, ws, seed=7)
+        straight = TrainLoader(d, 16, 3, r, ws, seed=7)  # the plain path is the reference
         ref = [straight.next_batch() for _ in range(25)]  # 25·3·ws windows > 31: crosses epochs
-        first = TrainLoader(d, 16, 3, r, ws, seed=7)
-        for _ in range(9):
-            first.next_batch()
-        state = first.state_dict()
-        resumed = TrainLoader(d, 16, 3, r, ws, seed=7)
-        resumed.load_state_dict(state)
-        assert state["step"] == 9 and state["world_size"] == ws
-        for k in range(9, 25):
-            x, y = resumed.next_batch()
-            assert torch.equal(x, ref[k][0]) and torch.equal(y, ref[k][1])
+        with TrainLoader(d, 16, 3, r, ws, seed=7, prefetch=prefetch) as first:
+            for _ in range(9):  # 9·3·ws ≥ 27: the save falls just before (ws 1) or after (ws 2) an epoch boundary
+                first.next_batch()
+            wait_until_ahead(first)
+            state = first.state_dict()
+            assert state["step"] == 9 and state["world_size"] == ws  # consumed, not gathered ahead
+            assert first.epochs_done == 9 * 3 * ws / 31
+            for k in range(9, 12):  # the interrupted loader itself continues correctly after a save
+                assert torch.equal(first.next_batch()[0], ref[k][0])
+        with TrainLoader(d, 16, 3, r, ws, seed=7, prefetch=prefetch) as resumed:
+            resumed.load_state_dict(state)
+            for k in range(9, 25):
+                x, y = resumed.next_batch()
+                assert torch.equal(x, ref[k][0]) and torch.equal(y, ref[k][1])
     assert TrainLoader(d, 16, 3, 0, 1, seed=7).state_dict()["epoch"] == 0
+
+
+@pytest.mark.parametrize("ws", [1, 3])
+def test_prefetch_yields_the_same_batches(tmp_path, ws):
+    d = make_dir(tmp_path, train=[101, 57, 90])  # 30 windows: every few steps a batch straddles two epochs
+    for r in range(ws):
+        plain = TrainLoader(d, 8, 4, r, ws, seed=3)
+        with TrainLoader(d, 8, 4, r, ws, seed=3, prefetch=True) as ahead:
+            for k in range(40):  # > 5 epochs
+                (x0, y0), (x1, y1) = plain.next_batch(), ahead.next_batch()
+                assert x1.shape == y1.shape == (4, 8) and x1.dtype == y1.dtype == torch.int64
+                assert x1.is_contiguous() and y1.is_contiguous()
+                assert torch.equal(x0, x1) and torch.equal(y0, y1), k
+                assert ahead.step == plain.step == k + 1 and ahead.epoch == plain.epoch
+
+
+def test_load_state_dict_discards_batches_gathered_ahead(tmp_path):
+    d = make_dir(tmp_path, train=[1000])
+    ref = TrainLoader(d, 16, 2, seed=1)
+    batches = [ref.next_batch()[0] for _ in range(12)]
+    with TrainLoader(d, 16, 2, seed=1, prefetch=True) as loader:
+        for _ in range(6):
+            loader.next_batch()
+        wait_until_ahead(loader)
+        loader.load_state_dict({**loader.state_dict(), "step": 2})  # back to step 2 with steps 6, 7… queued
+        assert torch.equal(loader.next_batch()[0], batches[2])
+        loader.step = 10  # moving the position by hand restarts the producer too
+        assert torch.equal(loader.next_batch()[0], batches[10])
+
+
+def test_prefetch_thread_ends_on_close_and_with_the_loader(tmp_path):
+    d = make_dir(tmp_path, train=[1000])
+    before = len(prefetch_threads())
+    loader = TrainLoader(d, 16, 2, prefetch=True)
+    assert len(prefetch_threads()) == before  # started lazily, so a resume does not gather the wrong batches
+    loader.next_batch()
+    (thread,) = [t for t in prefetch_threads() if t.is_alive()][before:]
+    assert thread.daemon  # never holds up interpreter exit
+    loader.close()
+    assert not thread.is_alive()
+    loader.next_batch()  # a closed loader starts again where it stands
+    assert loader.step == 2
+    (thread,) = prefetch_threads()[before:]
+    del loader  # forgotten without close(): the thread sees the loader gone and ends
+    gc.collect()
+    thread.join(timeout=5)
+    assert not thread.is_alive()
+
+
+def test_an_unclosed_prefetching_loader_does_not_hold_up_exit(tmp_path):
+    d = make_dir(tmp_path, train=[1000])
+    code = ("import sys; from data.loader import TrainLoader\n"
+            f"a = TrainLoader({str(d)!r}, 16, 2, prefetch=True); a.next_batch()\n"  # blocked, waiting for a slot
+            f"b = TrainLoader({str(d)!r}, 16, 2, prefetch=True); b.next_batch(); b.step = 5; b.next_batch()\n"
+            "print('done', a.step, b.step)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "done 1 6", out.stderr
+
+
+class RecordingLoader(TrainLoader):
+    """A loader that notes which micro-batches it gathered, and when (the trainer's step then)."""
+
+    def gather(self, step: int) -> torch.Tensor:
+        self.gathered.append((step, self.step))
+        return super().gather(step)
+
+
+def test_the_producer_runs_at_most_prefetch_depth_ahead(tmp_path):
+    d = make_dir(tmp_path, train=[1000])
+    with RecordingLoader(d, 16, 2, prefetch=True) as loader:
+        loader.gathered = []
+        for _ in range(20):
+            loader.next_batch()
+            wait_until_ahead(loader)
+        steps = [s for s, _ in loader.gathered]
+        assert steps == list(range(len(steps))) and len(steps) == 20 + PREFETCH_DEPTH  # in order, each once
+        assert all(s - consumed <= PREFETCH_DEPTH for s, consumed in loader.gathered)
+
+
+class FailingLoader(TrainLoader):
+    """A loader whose gather fails at one step, as a read of a broken file would."""
+
+    def gather(self, step: int) -> torch.Tensor:
+        if step == 3:
+            raise DataError(f"cannot read micro-batch {step}: disk on fire")
+        return super().gather(step)
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_an_error_while_gathering_surfaces_in_next_batch(tmp_path, prefetch):
+    d = make_dir(tmp_path, train=[1000])
+    with FailingLoader(d, 16, 2, prefetch=prefetch) as loader:
+        for _ in range(3):  # the batches before the failure arrive first
+            loader.next_batch()
+        for _ in range(2):  # and the error stays, with its type and message, at the step it happened
+            with pytest.raises(DataError, match="cannot read micro-batch 3: disk on fire"):
+                loader.next_batch()
+            assert loader.step == 3
+
+
+def test_resolve_prefetch():
+    assert resolve_prefetch("auto", "cuda") and resolve_prefetch("auto", torch.device("cuda", 1))
+    assert not resolve_prefetch("auto", "cpu")  # measured: no faster on 2 cores (scripts/bench_loader.py)
+    assert resolve_prefetch(True, "cpu") and not resolve_prefetch(False, "cuda")
+    with pytest.raises(ValueError, match="auto, true or false"):
+        resolve_prefetch("yes", "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_cuda_batches_arrive_on_the_device_and_match_the_cpu_ones(tmp_path, prefetch):
+    d = make_dir(tmp_path, train=[5000])
+    plain = TrainLoader(d, 64, 8, seed=2)
+    with TrainLoader(d, 64, 8, seed=2, device="cuda", prefetch=prefetch) as loader:
+        assert loader.gather(0).is_pinned()
+        out = []
+        for _ in range(30):  # hold the device tensors: later gathers must not overwrite copies in flight
+            x, y = loader.next_batch()
+            assert x.is_cuda and y.is_cuda and x.dtype == torch.int64 and x.shape == (8, 64)
+            out.append((x, y))
+        torch.cuda.synchronize()
+        for x, y in out:
+            x0, y0 = plain.next_batch()
+            assert torch.equal(x.cpu(), x0) and torch.equal(y.cpu(), y0)
 
 
 def test_state_mismatches_are_refused(tmp_path):

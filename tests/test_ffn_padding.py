@@ -231,7 +231,7 @@ def test_a_config_from_before_the_key_resumes():
     old["model"]["moe"]["pad_multiple"] = 8
     assert resume_conflicts(yaml.safe_dump(old), cfg) == []
     assert resume_conflicts(yaml.safe_dump(old), replace(cfg, model=replace(cfg.model, d_model=128)))
-    resolved = load_config(["configs/tiny_moe.yaml"], ["model.moe.pad_multiple=8"]).model
+    resolved = load_config(["configs/tiny_moe.yaml"], ["model.moe.pad_multiple=8", "model.ffn_pad_multiple=64"]).model
     assert resolved.padded_ffn(170, routed=True) == 176 and resolved.padded_ffn(170) == 192
 
 
