@@ -25,6 +25,7 @@ On CUDA the host batch is pinned and its copy to the device asynchronous (with o
 """
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import weakref
@@ -42,9 +43,12 @@ _POLL_S = 0.1  # how often a blocked producer looks for close() or a garbage-col
 
 
 def resolve_prefetch(setting: str | bool, device: torch.device | str) -> bool:
-    """train.loader_prefetch → TrainLoader's `prefetch`: true/false as given; "auto" runs ahead on CUDA only. On CPU
-    a gather is ~0.1 ms against a step of ≥ 100 ms and the thread only competes with the step for 2 cores, so auto
-    is off there (measured with scripts/bench_loader.py, docs/benchmarks.md)."""
+    """train.loader_prefetch → TrainLoader's `prefetch`: true/false as given; "auto" runs ahead on CUDA only.
+    Measured on 2 CPU cores (scripts/bench_loader.py): with the data in the page cache next_batch costs the loop
+    0.2–0.5 ms right after a step either way, and neither a 5 ms compute step nor the tiny model's ~1.2 s step is
+    faster with the thread (differences inside the noise), so the CPU default is the plain path. Prefetch pays
+    when the reads go to the disk, as in the first epoch of a dataset larger than RAM: next_batch 7.5–8.3 →
+    0.9–1.2 ms per 16-row batch, 13.6–14.5 → 7.7–8.5 ms per 5 ms-step iteration; set it true there."""
     if isinstance(setting, bool):
         return setting
     if setting != "auto":
@@ -153,8 +157,9 @@ class TrainLoader:
         wids = self.window_ids(step)  # (B,)
         shard = np.searchsorted(self._first, wids, side="right") - 1  # (B,) the shard of each window
         starts = (wids - self._first[shard]) * L  # (B,) token offset inside it
-        # One fancy index per shard rather than a Python loop per row: ~2.5× faster, and the time a gather holds
-        # the GIL is what a prefetch thread takes from the training loop's own Python (see resolve_prefetch).
+        # One fancy index per shard rather than a Python loop per row (~2× faster): the reads from the memory map,
+        # page faults included, happen inside numpy, and it is only the Python around them that holds the GIL
+        # the training loop needs too.
         for s in np.unique(shard):
             sel = np.flatnonzero(shard == s)
             win = self.shards[s][starts[sel, None] + np.arange(L + 1)]  # (b_s, L + 1)
@@ -232,7 +237,7 @@ class _Producer:
     and raised by take() (the original exception, with its message and traceback), then again on every later take().
 
     Two C-level SimpleQueues (batches one way, free slots the other) instead of one bounded queue.Queue: a take is
-    then one C call, ~10× cheaper than Queue's Python-level locking right after a step, when caches are cold."""
+    then one C call (measured right after a step: ~45 µs, against 160–2000 µs for Queue's Python-level locking)."""
 
     def __init__(self, loader: TrainLoader, start: int):
         self.next_step = start  # the step take() returns next
@@ -242,6 +247,7 @@ class _Producer:
             self._slots.put(None)
         self._stop = threading.Event()
         self._error: Exception | None = None
+        _stop_at_exit(self)
         self._thread = threading.Thread(
             target=_produce, args=(weakref.ref(loader), start, self._ready, self._slots, self._stop),
             name=f"TrainLoader-prefetch-rank{loader.rank}", daemon=True)
@@ -268,9 +274,30 @@ class _Producer:
     def close(self) -> None:
         self._stop.set()
         self._slots.put(None)  # wakes a producer waiting for a slot at once
-        self._thread.join(timeout=10 * _POLL_S)  # bounded: a gather in flight is < 1 ms; daemon either way
+        self._thread.join(timeout=10.0)  # a gather in flight takes ~1 ms (a cold one more); bounded for a stuck disk
         while not self._ready.empty():  # drop the batches gathered ahead now, not when the loader goes
             self._ready.get_nowait()
+
+
+_LIVE: weakref.WeakSet[_Producer] = weakref.WeakSet()
+_AT_EXIT = False
+
+
+def _stop_at_exit(producer: _Producer) -> None:
+    """Close every producer before the interpreter finalizes. A daemon thread still inside a torch call then (GIL
+    released) is killed by pthread_exit when it takes the GIL back, which unwinds through C++ noexcept frames:
+    "terminate called without an active exception" and SIGABRT (8 of 12 exits right after a first next_batch).
+    atexit handlers run while daemon threads are still alive, so joining them there avoids it."""
+    global _AT_EXIT
+    if not _AT_EXIT:  # registered with the first producer: no import-time side effects
+        atexit.register(_close_all)
+        _AT_EXIT = True
+    _LIVE.add(producer)
+
+
+def _close_all() -> None:
+    for producer in list(_LIVE):
+        producer.close()
 
 
 def _produce(ref: weakref.ref[TrainLoader], step: int, ready: queue.SimpleQueue, slots: queue.SimpleQueue,

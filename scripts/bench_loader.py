@@ -1,7 +1,7 @@
 """The loader's time per micro-batch with and without prefetch, alone and next to a training step.
 
     python -m scripts.bench_loader                      # built-in corpus, bpe:8192; shapes 16×256 and 16×1024
-    python -m scripts.bench_loader --data-dir data_cache/pd_english --shapes 8x1024 --repeats 5
+    python -m scripts.bench_loader --data-dir data_cache/pd_english --shapes 8x1024 --repeats 5 --cold
 
 Without --data-dir it prepares (once) the built-in corpus with the CPU default tokenizer, like `python train.py`.
 For each shape (micro_batch × seq_len; 16×256 is configs/tiny_cpu.yaml's, 16×1024 a paper-like one) it reports,
@@ -10,7 +10,8 @@ as median [min–max] over --repeats rounds that alternate the order of the two 
   loader alone     ms per next_batch() called back to back (prefetch: the thread gathers, the caller waits on it)
   simulated step   a compute-bound step of ~--sim-ms ms (fp32 matmuls on torch's threads) after each next_batch():
                    ms waiting in next_batch, ms in the step, their sum, and the process's CPU ms (all threads);
-                   and, as the floor, the same with one fixed batch instead of a loader.
+                   and, as the floor, the same with one fixed batch instead of a loader. With --cold, also with
+                   the data evicted from the page cache before every batch (the first epoch of a large dataset).
                    On CPU the question is whether a background gather slows the step, since the thread shares
                    the cores with the step's compute.
   val stream       the first 65,536 val tokens, as train.py's eval reads them.
@@ -19,6 +20,8 @@ as median [min–max] over --repeats rounds that alternate the order of the two 
 from __future__ import annotations
 
 import argparse
+import mmap
+import os
 import statistics
 import time
 from typing import Callable
@@ -50,22 +53,34 @@ def time_loader(data_dir: str, seq_len: int, micro_batch: int, world_size: int, 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
+def evict(loader: TrainLoader) -> None:
+    """Drop the shards' pages from this process's mapping and from the page cache (Linux), so that the next reads
+    go to the disk, as in the first epoch of a dataset larger than RAM."""
+    for shard in loader.shards:
+        mapping = getattr(shard, "_mmap", None)  # np.memmap's mmap.mmap; a mapped page stays cached otherwise
+        if mapping is not None:
+            mapping.madvise(mmap.MADV_DONTNEED)
+        fd = os.open(shard.filename, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+
+
 def time_with_step(next_batch: Callable[[], Batch], step: Callable[[torch.Tensor, torch.Tensor], None], n: int,
-                   warmup: int) -> tuple[float, float, float, float]:
+                   warmup: int, before: Callable[[], None] = lambda: None) -> tuple[float, float, float, float]:
     """(ms waiting in next_batch, ms in `step`, ms for both, CPU ms of the whole process incl. the prefetch
-    thread) per iteration, means over n after warmup."""
+    thread) per iteration, means over n after warmup; `before` runs untimed before each next_batch."""
     wait = work = 0.0
+    cpu = 0.0
     for i in range(warmup + n):
-        if i == warmup:
-            cpu0 = time.process_time()
+        before()
+        c0 = time.process_time()
         t0 = time.perf_counter()
         x, y = next_batch()  # (B, L) int64 each
         t1 = time.perf_counter()
         step(x, y)
         t2 = time.perf_counter()
         if i >= warmup:
-            wait, work = wait + (t1 - t0), work + (t2 - t1)
-    cpu = time.process_time() - cpu0
+            wait, work, cpu = wait + (t1 - t0), work + (t2 - t1), cpu + (time.process_time() - c0)
     return wait / n * 1e3, work / n * 1e3, (wait + work) / n * 1e3, cpu / n * 1e3
 
 
@@ -124,6 +139,44 @@ def report_step(label: str, results: dict[str, list[tuple[float, float, float, f
               f"{span(total, digits)} ms/iteration; CPU {span(cpu, digits)} ms")
 
 
+def bench_shape(data_dir: str, b: int, seq_len: int, sim: Callable[[torch.Tensor, torch.Tensor], None],
+                args: argparse.Namespace) -> None:
+    """The loader alone, next to the simulated step (warm and, with --cold, cold), and the val stream."""
+    print(f"batch {b}×{seq_len}:")
+    for ws in (1, 8):
+        res = rounds(args.repeats, lambda pf: time_loader(data_dir, seq_len, b, ws, args.batches, pf))
+        print(f"  loader alone, world size {ws}: " + ", ".join(
+            f"prefetch {m} {span(v, 3)} ms/batch" for m, v in res.items()))
+
+    def with_sim(pf: bool, cold: bool = False) -> tuple[float, float, float, float]:
+        with TrainLoader(data_dir, seq_len, b, prefetch=pf) as loader:
+            return time_with_step(loader.next_batch, sim, args.sim_steps, 5,
+                                  before=(lambda: evict(loader)) if cold else (lambda: None))
+    label = f"simulated {args.sim_ms:g} ms step"
+    report_step(label, rounds(args.repeats, with_sim), 3)
+    # The floor: the same batch every time, no loader at all (what any Python costs right after a step).
+    fixed = TrainLoader(data_dir, seq_len, b).next_batch()
+    floor = [time_with_step(lambda: fixed, sim, args.sim_steps, 5) for _ in range(args.repeats)]
+    report_step(label, {"n/a": floor}, 3, what="no loader (one fixed batch)")
+    if args.cold:
+        report_step(label + ", cold page cache", rounds(args.repeats, lambda pf: with_sim(pf, cold=True)), 3)
+    t0 = time.perf_counter()
+    n_val = sum(1 for _ in val_batches(data_dir, seq_len, b, max_tokens=65536))
+    print(f"  val stream, 65,536 tokens: {n_val} batches in {(time.perf_counter() - t0) * 1e3:.1f} ms")
+
+
+def bench_model(data_dir: str, b: int, seq_len: int, args: argparse.Namespace) -> None:
+    step = model_step(data_dir, args)
+
+    def with_model(pf: bool) -> tuple[float, float, float, float]:
+        with TrainLoader(data_dir, seq_len, b, prefetch=pf) as loader:
+            return time_with_step(loader.next_batch, step, args.steps, args.warmup)
+    with TrainLoader(data_dir, seq_len, b) as loader:  # the first steps are slow (allocator, AdamW state): keep
+        time_with_step(loader.next_batch, step, 1, 2)  # them out of round 0's first mode (they made it ~4 % slower)
+    print(f"batch {b}×{seq_len}, model d={args.d_model}, {args.n_layers} layers, fp32, fwd+bwd+AdamW:")
+    report_step("model step", rounds(args.repeats, with_model), 1)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m scripts.bench_loader", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -133,6 +186,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batches", type=int, default=500, help="loader batches to time per round")
     p.add_argument("--sim-ms", type=float, default=5.0, help="the simulated step's compute, ms")
     p.add_argument("--sim-steps", type=int, default=100, help="simulated steps per round")
+    p.add_argument("--cold", action="store_true", help="also time the simulated step with the shards evicted from "
+                   "the page cache before every batch (Linux; slows other readers of the data dir a little)")
     p.add_argument("--steps", type=int, default=4, help="model steps per round (after --warmup); 0 skips them")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--d-model", type=int, default=256)
@@ -147,33 +202,9 @@ def main(argv: list[str] | None = None) -> None:
           f"torch {torch.__version__}, threads {torch.get_num_threads()}; median [min–max] of {args.repeats} rounds")
     sim = simulated_step(args.sim_ms)
     for b, seq_len in shapes:
-        print(f"batch {b}×{seq_len}:")
-        for ws in (1, 8):
-            res = rounds(args.repeats, lambda pf: time_loader(data_dir, seq_len, b, ws, args.batches, pf))
-            print(f"  loader alone, world size {ws}: " + ", ".join(
-                f"prefetch {m} {span(v, 3)} ms/batch" for m, v in res.items()))
-
-        def with_sim(pf: bool) -> tuple[float, float, float, float]:
-            with TrainLoader(data_dir, seq_len, b, prefetch=pf) as loader:
-                return time_with_step(loader.next_batch, sim, args.sim_steps, warmup=5)
-        label = f"simulated {args.sim_ms:g} ms step"
-        report_step(label, rounds(args.repeats, with_sim), 3)
-        # The floor: the same batch every time, no loader at all (what any Python costs right after a step).
-        fixed = TrainLoader(data_dir, seq_len, b).next_batch()
-        floor = [time_with_step(lambda: fixed, sim, args.sim_steps, warmup=5) for _ in range(args.repeats)]
-        report_step(label, {"n/a": floor}, 3, what="no loader (one fixed batch)")
-        t0 = time.perf_counter()
-        n_val = sum(1 for _ in val_batches(data_dir, seq_len, b, max_tokens=65536))
-        print(f"  val stream, 65,536 tokens: {n_val} batches in {(time.perf_counter() - t0) * 1e3:.1f} ms")
+        bench_shape(data_dir, b, seq_len, sim, args)
     if args.steps > 0:
-        b, seq_len = shapes[0]
-        step = model_step(data_dir, args)
-
-        def with_model(pf: bool) -> tuple[float, float, float, float]:
-            with TrainLoader(data_dir, seq_len, b, prefetch=pf) as loader:
-                return time_with_step(loader.next_batch, step, args.steps, args.warmup)
-        print(f"batch {b}×{seq_len}, model d={args.d_model}, {args.n_layers} layers, fp32, fwd+bwd+AdamW:")
-        report_step("model step", rounds(args.repeats, with_model), 1)
+        bench_model(data_dir, *shapes[0], args)
 
 
 if __name__ == "__main__":
