@@ -87,9 +87,9 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
     from runtime.build import build_training_model
     from runtime.checkpoint import latest_checkpoint, load_checkpoint, load_extra, save_checkpoint
     from runtime.logging import RunLogger, git_commit
-    from runtime.metrics import mfu, peak_flops
     from runtime.dist import StopConsensus
     from runtime.guard import NonFiniteGuard, describe
+    from runtime.metrics import mfu, peak_flops
     from runtime.moe import moe_step_end
     from runtime.telemetry import scale_telemetry
 

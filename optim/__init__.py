@@ -38,9 +38,9 @@ def build_optimizer(
 
     Call after FSDP2 wrapping (parameters must be the DTensors the forward uses; names are unchanged by
     fully_shard). `fused=True` selects torch's fused AdamW kernel (CUDA and CPU; the trainer always asks for
-    it, for its device-side `found_inf` skip); numerics match the foreach path to rounding. Each group has "name", "kind", "lr", "initial_lr" (the
-    peak, cfg.lr) and "lr_scale" (1.0): `set_lr` writes lr · lr_scale. A model with zero-padded weights (Llama's
-    `logical_shapes`) gives Muon their unpadded shapes for its update scale.
+    it, for its device-side `found_inf` skip); numerics match the foreach path to rounding. Each group has "name",
+    "kind", "lr", "initial_lr" (the peak, cfg.lr) and "lr_scale" (1.0): `set_lr` writes lr · lr_scale. A model
+    with zero-padded weights (Llama's `logical_shapes`) gives Muon their unpadded shapes for its update scale.
     """
     logical = model.logical_shapes() if hasattr(model, "logical_shapes") else {}
     groups = param_groups(model.named_parameters(), roles, cfg, logical)

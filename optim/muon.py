@@ -289,8 +289,8 @@ def momentum_update(grad: Tensor, momentum_buffer: Tensor, momentum: float, nest
 
     `keep` (a 0-dim float tensor on the device, 1 or 0): 0 makes this a no-op on B without reading the flag on the
     host — G is replaced by 0 (it may be NaN) and the lerp weight is 0·(1−μ), so B + 0·(0 − B) = B exactly. With 1
-    the values are those of the path without `keep`, bit for bit (tests/test_muon.py): the weight is the same fp32
-    number and the lerp kernel the same formula."""
+    the values are those of the path without `keep`, bit for bit (tests/test_optim_hybrid.py): the weight is the
+    same fp32 number and the lerp kernel the same formula."""
     if keep is None:
         momentum_buffer.lerp_(grad, 1 - momentum)
         return grad.lerp(momentum_buffer, momentum) if nesterov else momentum_buffer

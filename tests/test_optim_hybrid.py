@@ -136,3 +136,41 @@ def test_load_rejects_a_checkpoint_with_other_groups():
 def test_groups_need_a_kind():
     with pytest.raises(ValueError, match="kind"):
         HybridOptimizer([{"params": [nn.Parameter(torch.ones(2))], "name": "x", "lr": 1e-3}])
+
+
+def _snapshot(model, opt):
+    params = [p.detach().clone() for p in model.parameters()]
+    state = [{k: v.clone() for k, v in s.items() if torch.is_tensor(v)} for s in opt.state.values()]
+    return params, state
+
+
+def _same(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a[0], b[0])) and all(
+        s.keys() == t.keys() and all(torch.equal(s[k], t[k]) for k in s) for s, t in zip(a[1], b[1]))
+
+
+def test_found_inf_makes_the_step_a_no_op_and_zero_changes_nothing():
+    """train.on_nonfinite's device-side skip: found_inf = 1 leaves weights, AdamW's moments and step counts and Muon's
+    momentum bit for bit as they were, NaN gradients and all; found_inf = 0 is exactly the step without it (fused
+    AdamW checks the flag only; Muon's keep = 1 path computes the same fp32 numbers, optim/muon.py)."""
+    cfg = OptimConfig(name="muon", lr=1e-2, scale_weight_decay="iwd")
+    flagged, plain = Tiny(), Tiny()
+    opt_f = build_optimizer(flagged, Tiny.ROLES, cfg, fused=True)
+    opt_p = build_optimizer(plain, Tiny.ROLES, cfg, fused=True)
+    gen = torch.Generator().manual_seed(3)
+    for step in range(4):
+        data = torch.randint(0, VOCAB, (4, 9), generator=gen)
+        for model in (flagged, plain):
+            F.cross_entropy(model(data[:, :-1]).reshape(-1, VOCAB), data[:, 1:].reshape(-1)).backward()
+        opt_f.step(found_inf=torch.zeros(()))
+        opt_p.step()
+        assert _same(_snapshot(flagged, opt_f), _snapshot(plain, opt_p)), step
+        before = _snapshot(flagged, opt_f)
+        for p in flagged.parameters():
+            p.grad = torch.full_like(p, float("nan"))
+        opt_f.step(found_inf=torch.ones(()))
+        assert _same(_snapshot(flagged, opt_f), before), step
+        for opt in (opt_f, opt_p):
+            opt.zero_grad(set_to_none=True)
+    with pytest.raises(ValueError, match="fused"):
+        build_optimizer(Tiny(), Tiny.ROLES, cfg, fused=False).step(found_inf=torch.zeros(()))
