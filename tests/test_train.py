@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -381,3 +382,28 @@ def test_epochs_are_logged_and_a_repeat_warns(tmp_path, shakespeare_text, capsys
     assert epochs == sorted(epochs) and epochs[0] > 0 and epochs[-1] > 1
     first_repeat = next(i for i, e in enumerate(epochs) if e > 1) + 1  # the step that read past epoch 1
     assert "times; prepare more" in err and f"step {first_repeat} started epoch 2" in err
+
+
+def _term_worker(rank: int, world: int, port: int, argv: list[str]) -> None:
+    if rank == 0:  # only rank 0 is asked to stop, during the forward of step 3
+        import model.llama
+        real, calls = model.llama.head_loss, {"n": 0}
+
+        def terminating(*args, **kwargs):
+            if torch.is_grad_enabled():  # training forwards only, not evaluation's
+                calls["n"] += 1
+                if calls["n"] == 5:  # 2 micro-batches per step on each of 2 ranks: step 3's first forward
+                    signal.raise_signal(signal.SIGTERM)
+            return real(*args, **kwargs)
+
+        model.llama.head_loss = terminating
+    _worker(rank, world, [port], [argv])
+
+
+def test_a_stop_seen_by_one_rank_stops_every_rank_at_the_same_step(data_dir, tmp_path):
+    """SIGTERM reaches rank 0 alone: the stop request crosses to rank 1 through the host-side consensus
+    (runtime/dist.py, StopConsensus), both finish step 3, checkpoint it together and exit cleanly."""
+    argv = args_for(data_dir, tmp_path, "term2", "train.micro_batch=2", "train.ckpt_every=100", "train.eval_every=100")
+    spawn(_term_worker, (2, free_port(), argv), nprocs=2)
+    assert records(tmp_path / "term2", "train")[-1]["step"] == 3
+    assert latest_checkpoint(tmp_path / "term2" / "checkpoints").name == "step_00000003"
