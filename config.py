@@ -236,6 +236,8 @@ RESUMABLE_CHANGES = ("log.", "train.eval_every", "train.eval_tokens", "train.ckp
                      "train.on_nonfinite", "train.max_consecutive_skips",
                      "train.compile", "train.cpu_malloc_tuning", "train.loss_chunk_tokens",
                      "train.grad_reduce", "train.loader_prefetch",
+                     # the layout: the loader's position is global (data/loader.py), DCP reshards the rest
+                     "train.micro_batch",
                      "train.activation_checkpointing", "train.reshard_after_forward", "train.fsdp_prefetch",
                      "optim.muon.distributed", "data.val_sets",
                      # storage only: the checkpoint loader moves the logical FFN weights across any padding

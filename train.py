@@ -79,9 +79,12 @@ def main(argv: Optional[list[str]] = None) -> dict:
 
 
 def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
+    import random
+
+    import numpy as np
     import torch.distributed as dist
 
-    from data.loader import TrainLoader, read_meta, resolve_prefetch, val_batches
+    from data.loader import TrainLoader, batch_digest, read_meta, resolve_prefetch, val_batches
     from data.prepare import ensure_prepared
     from optim import clip_grad_norm, lr_at, set_lr
     from runtime.build import build_training_model
@@ -94,7 +97,11 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
     from runtime.telemetry import scale_telemetry
 
     t = cfg.train
+    # Every RNG alike on every rank (nothing in training draws per rank): the states then carry over to a resume
+    # on any number of ranks (runtime/checkpoint.py)
     torch.manual_seed(t.seed)
+    random.seed(t.seed)
+    np.random.seed(t.seed)
 
     # ---- data: rank 0 prepares (the built-in corpus on first use) and tells the others how it went
     problem = [None]
@@ -110,11 +117,7 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
     cfg = dataclasses.replace(cfg, model=resolve_vocab(cfg, n_vocab=meta["n_vocab"]))
 
     # ---- batch shape: global = micro × world × accumulation
-    per_step = t.micro_batch * di.world_size
-    if t.global_batch % per_step:
-        raise ConfigError(f"train.global_batch: {t.global_batch} is not a multiple of micro_batch × world size = "
-                          f"{t.micro_batch} × {di.world_size}; change one of them")
-    accum = t.global_batch // per_step
+    accum = accumulation_steps(t.global_batch, t.micro_batch, di.world_size)
     tokens_per_step = t.global_batch * cfg.data.seq_len
 
     # ---- model: build on meta → shard (FSDP2) → materialize → one init → compile blocks → optimizer
@@ -135,11 +138,17 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
         if conflicts:
             raise ConfigError(f"{run_dir} holds a run with other settings ({'; '.join(conflicts[:5])}); resuming "
                               "would mix two experiments. Use another log.run_name, or the original settings.")
-        extra = load_checkpoint(latest, model, optimizer)
+        extra = load_checkpoint(latest, model, optimizer)  # DCP reshards onto this world size
         step, tokens, skipped_steps = extra["step"], extra["tokens"], extra.get("skipped_steps", 0)
-        loader.load_state_dict(extra["loader"])
+        loader.load_state_dict(extra["loader"])  # a global position: the same tokens per step on any layout
         if di.is_main:
-            print(f"resumed from {latest} at step {step}")
+            change = layout_change(extra["loader"], loader)
+            print(f"resumed from {latest} at step {step}{change}")
+            moe, was = cfg.model.moe, extra["loader"].get("micro_batch", 0) * extra["loader"].get("world_size", 0)
+            if moe is not None and moe.balance == "aux" and moe.aux_coef > 0 and was != t.micro_batch * di.world_size:
+                print(f"warning: model.moe.balance=aux balances each forward's {t.micro_batch * di.world_size} "
+                      f"sequences (micro_batch × ranks; {was} before the resume): the aux term now groups the "
+                      "same tokens differently, the LM loss does not change", file=sys.stderr)
 
     logger = RunLogger(run_dir, cfg, di.rank, t.steps, start_step=step)
     # The non-finite check lives on the device (runtime/guard.py): a step that does not log reads nothing on the host.
@@ -207,8 +216,10 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
             set_lr(optimizer, lr)
             epochs_before = loader.epochs_done
             sums = torch.zeros(2, device=di.device, dtype=torch.float32)  # (LM loss, MoE aux terms) over the step
+            digest = torch.zeros((), device=di.device, dtype=torch.int64)  # names the step's tokens (data/loader.py)
             for i in range(accum):
                 x, y = loader.next_batch()  # (micro, seq_len) int64 each, on the device (an async copy)
+                digest += batch_digest(x)
                 if not sync_each:  # accumulate unsharded gradients locally; reduce after the last micro-batch
                     model.set_requires_gradient_sync(i == accum - 1)
                 loss = model(x, y, loss_chunk=chunk)  # fused LM head + loss (model/loss.py)
@@ -217,9 +228,10 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
                 sums += torch.stack([loss.detach(), aux.detach()]).float() / accum
             grad_norm = clip_grad_norm(model.parameters(), cfg.optim.grad_clip)  # global: the same on every rank
             # The mean losses of all ranks, on the device (fp64 on the wire): every rank's guard decides alike.
-            losses = sums.double()
-            dist.all_reduce(losses)
-            losses /= di.world_size
+            # The batch digests ride along: their sum names the global batch (exact in fp64, batch_digest).
+            reduced = torch.cat([sums.double(), digest.double().view(1)])
+            dist.all_reduce(reduced)
+            losses = reduced[:2] / di.world_size
             found_inf = guard.check(losses[0], losses[1], grad_norm)  # 1: no update this step (runtime/guard.py)
             optimizer.step(found_inf=found_inf)
             optimizer.zero_grad(set_to_none=True)
@@ -253,7 +265,8 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
                                      f"Resume from the last checkpoint in {ckpt_dir} with a lower optim.lr or a longer "
                                      "schedule.warmup_steps.")
             if logging_now:
-                loss_value, aux_value, norm_value = torch.cat([losses, grad_norm.double().view(1)]).tolist()
+                loss_value, aux_value, norm_value, digest_value = torch.cat(
+                    [losses, grad_norm.double().view(1), reduced[2:]]).tolist()
                 finite = math.isfinite(loss_value + aux_value) and math.isfinite(norm_value)
                 elapsed = time.perf_counter() - window_t0  # after the read: the device has finished the window
                 tok_per_s = window_tokens / max(elapsed, 1e-9)
@@ -262,7 +275,8 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
                                         "loss": loss_value if finite else None, "lr": lr,
                                         "grad_norm": norm_value if finite else None, "tok_per_s": tok_per_s,
                                         "mfu": mfu(flops_per_token, tok_per_s, di.world_size, peak),
-                                        "skipped_steps": skipped_steps, **moe_record})
+                                        "skipped_steps": skipped_steps, "world_size": di.world_size,
+                                        "batch_digest": int(digest_value), **moe_record})
                 window_t0, window_tokens = time.perf_counter(), 0
             paused_at = time.perf_counter()  # eval and checkpoint time stays out of tok/s
             if evaluating:
@@ -285,6 +299,34 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
                 signal.signal(s, handler)
     return {"step": step, "tokens": tokens, "loss": loss_value, "run_dir": str(run_dir),
             **({} if step < t.steps else {"final": _last_eval(run_dir)})}
+
+
+def accumulation_steps(global_batch: int, micro_batch: int, world_size: int) -> int:
+    """Micro-batches per rank per optimizer step: global_batch = micro_batch × world_size × accumulation. A layout
+    that does not divide is refused with the values that would (a resume may change micro_batch and world size)."""
+    per_step = micro_batch * world_size
+    if global_batch % per_step == 0:
+        return global_batch // per_step
+    if global_batch % world_size:
+        ranks = [n for n in range(1, global_batch + 1) if global_batch % n == 0]
+        fix = (f"no micro_batch fits {world_size} ranks; run on a number of ranks that divides {global_batch} "
+               f"({', '.join(map(str, ranks[:12]))}{', …' if len(ranks) > 12 else ''})")
+    else:
+        fits = [m for m in range(1, global_batch // world_size + 1) if global_batch // world_size % m == 0]
+        fix = f"on {world_size} ranks train.micro_batch may be {', '.join(map(str, fits[:12]))}"
+    raise ConfigError(f"train.global_batch: {global_batch} is not a multiple of micro_batch × world size = "
+                      f"{micro_batch} × {world_size} = {per_step}; {fix} (the global batch is the experiment: "
+                      "keep it to resume a run)")
+
+
+def layout_change(saved: dict, loader) -> str:
+    """The resume message's note when the checkpoint was written with another world size or micro-batch."""
+    before = (saved.get("world_size"), saved.get("micro_batch"))
+    after = (loader.world_size, loader.micro_batch)
+    if before == after:
+        return ""
+    return (f" (written by {before[0]} rank(s) × micro_batch {before[1]}, now {after[0]} × {after[1]}: the model "
+            "and optimizer were resharded, and every step reads the same tokens as before)")
 
 
 def _last_eval(run_dir: Path) -> dict:

@@ -8,8 +8,17 @@ Order. Epoch e visits the windows in the order `permutation(W)` of numpy's PCG64
 epochs are laid end to end as one global stream; global step k takes the micro_batch × world_size consecutive
 positions [k·B·ws, (k+1)·B·ws), and rank r takes positions k·B·ws + i·ws + r for i < B. Hence, for any world
 size: ranks are disjoint, every window appears exactly once per epoch across ranks, no window is ever dropped,
-and every rank produces the same number of batches (a batch may straddle two epochs). The whole state is the
-step k, the same on every rank, so rank 0's `state_dict()` can resume them all.
+and every rank produces the same number of batches (a batch may straddle two epochs).
+
+Resuming anywhere. The state is the global position — windows consumed by all ranks together, k·B·ws — the same on
+every rank, so rank 0's `state_dict()` resumes them all, on any world size and micro-batch. An optimizer step of
+global batch G (= B·ws·accumulation) reads positions [s·G, (s+1)·G) whatever B and ws are: a resume onto 1 rank
+with twice the micro-batch, or onto 4 ranks with half, trains every later step on exactly the same windows. What
+does change is which rank, and which micro-batch, holds a window: sums over the global batch (the loss, the
+gradients) then differ by fp32 reduction order only. A forward's micro-batches of all ranks together hold positions
+[s·G + j·B·ws, s·G + (j+1)·B·ws): a layout with the same B·ws (2 ranks × 4 → 1 × 8) keeps those groups too, so a
+term computed per forward over all ranks (a MoE's Switch aux loss, model/moe.py) is unchanged; another B·ws regroups
+it. `batch_digest` identifies a global batch's tokens independently of the split.
 
 Validation. `val_batches` reads the first `max_tokens` tokens of a val split (shards concatenated in order) as
 windows at stride seq_len, the same for every run. With n windows and ws ranks, rank r takes windows r, r+ws, …
@@ -37,7 +46,7 @@ import torch
 
 from data.shards import DataError, Meta, load_meta, open_shard
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 1: the per-rank micro-batch count `step` (resumes anywhere too: position = step·B·ws)
 PREFETCH_DEPTH = 2  # batches gathered ahead of the trainer at most: one hides a gather, two absorb jitter
 _POLL_S = 0.1  # how often a blocked producer looks for close() or a garbage-collected loader
 
@@ -54,6 +63,25 @@ def resolve_prefetch(setting: str | bool, device: torch.device | str) -> bool:
     if setting != "auto":
         raise ValueError(f"loader_prefetch must be auto, true or false (got {setting!r})")
     return torch.device(device).type == "cuda"
+
+
+DIGEST_PRIME = 2**31 - 1
+_DIGEST_WEIGHTS: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def batch_digest(x: torch.Tensor) -> torch.Tensor:
+    """An integer naming the windows of a batch, whichever ranks and micro-batches hold them: Σ over rows of
+    (Σ_t x_t·w_t mod P), P = 2³¹ − 1, w a fixed pseudo-random vector in [1, P). A plain sum over rows, so the digests
+    of a global batch's micro-batches, summed over accumulation and all-reduced over ranks, give one number per
+    step that any layout reproduces; a different window (or a shifted one) changes it. x: (B, L) int64 ids;
+    returns a 0-dim int64 tensor on x's device (no host read). Exact: each term (x·w mod P) < 2³¹, so a row sums
+    below 2⁶³ for L < 2³², and a global batch's total stays below 2⁵³ (exact in the fp64 all-reduce) for fewer
+    than 2²² rows."""
+    key = (x.shape[-1], str(x.device))
+    if key not in _DIGEST_WEIGHTS:
+        gen = torch.Generator().manual_seed(0)
+        _DIGEST_WEIGHTS[key] = torch.randint(1, DIGEST_PRIME, (x.shape[-1],), generator=gen).to(x.device)
+    return ((x * _DIGEST_WEIGHTS[key]) % DIGEST_PRIME).sum()  # x < 2³¹ ids: each product < 2⁶²
 
 
 def read_meta(data_dir: str | Path) -> dict:
@@ -206,23 +234,46 @@ class TrainLoader:
         while True:
             yield self.next_batch()
 
+    @property
+    def position(self) -> int:
+        """Windows consumed so far by all ranks together: the global position in the stream of epochs."""
+        return self.step * self.micro_batch * self.world_size
+
     def state_dict(self) -> dict:
-        return {"version": STATE_VERSION, "step": self.step, "epoch": self.epoch, "seed": self.seed,
-                "world_size": self.world_size, "micro_batch": self.micro_batch, "seq_len": self.seq_len,
-                "fingerprint": self.fingerprint}
+        """The global position plus what must not change under it. `world_size` and `micro_batch` are the saving
+        run's layout, for the resume message: a resume may change them (module docstring)."""
+        return {"version": STATE_VERSION, "position": self.position, "epoch": self.epoch, "seed": self.seed,
+                "seq_len": self.seq_len, "fingerprint": self.fingerprint, "world_size": self.world_size,
+                "micro_batch": self.micro_batch}
 
     def load_state_dict(self, sd: dict) -> None:
+        """Continue at the saved global position, on this loader's world size and micro-batch. Refused, with a
+        message naming the numbers, if the data, seq_len or seed differ (other windows, another experiment) or if
+        the position does not fall on a micro-batch boundary of this layout (it always does when the global batch
+        is unchanged and divisible, as train.py requires)."""
+        version = sd.get("version", 1)
+        if version not in (1, STATE_VERSION):
+            raise DataError(f"loader state version {version} is newer than this code reads ({STATE_VERSION}); "
+                            "resume with the version of scalevec that wrote the checkpoint")
         if sd.get("fingerprint") != self.fingerprint:
             raise DataError(f"loader state is for data with fingerprint {str(sd.get('fingerprint'))[:12]}, but "
                             f"{self.data_dir} has {self.fingerprint[:12]}: the data changed since the checkpoint "
                             "(re-prepared, or another data.dir); resume with the original data or start a new run")
-        for key in ("world_size", "micro_batch", "seq_len", "seed"):
+        for key in ("seq_len", "seed"):
             if sd.get(key) != getattr(self, key):
                 raise DataError(f"loader state was saved with {key}={sd.get(key)}, this run has "
-                                f"{key}={getattr(self, key)}; an exact resume needs the same {key}"
-                                + (" (same number of ranks)" if key == "world_size" else ""))
+                                f"{key}={getattr(self, key)}: other windows in another order, so not a resume; "
+                                f"use the original {key} or start a new run")
+        # version 1 counted this rank's micro-batches under the saving layout, the same on every rank
+        position = int(sd["position"]) if version >= 2 else int(sd["step"]) * sd["micro_batch"] * sd["world_size"]
+        per_batch = self.micro_batch * self.world_size
+        if position % per_batch:
+            raise DataError(f"the checkpoint's data position ({position} windows, written by world_size="
+                            f"{sd.get('world_size')} × micro_batch={sd.get('micro_batch')}) is not a multiple of this "
+                            f"run's micro_batch × world_size = {self.micro_batch} × {self.world_size} = {per_batch}: "
+                            "no micro-batch of this layout starts there; resume with a layout that divides it")
         self.close()  # batches gathered ahead belong to the old position
-        self.step = int(sd["step"])
+        self.step = position // per_batch
 
     def __repr__(self) -> str:
         return (f"TrainLoader({self.data_dir}, seq_len={self.seq_len}, micro_batch={self.micro_batch}, rank "

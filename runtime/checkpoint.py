@@ -291,8 +291,9 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: Optional[torch.opti
     """Load model + optimizer (resharding to the current layout) and this rank's RNG states; return `extra`.
 
     Collective when a process group is initialized. A different world size than the saving run's loads the
-    weights and optimizer state fine (DCP reshards) but cannot restore per-rank RNG streams: that is a warning,
-    not an error, because the data loader refuses a world-size change on its own where it matters.
+    weights and optimizer state fine (DCP reshards). The RNG states carry over too when every saving rank's were
+    equal — as in training, where every rank seeds alike and nothing draws per rank — and then every rank takes
+    them; per-rank streams that differ cannot be remapped onto another number of ranks: a warning says so.
     """
     path = resolve_checkpoint(path)
     d = _dist()
@@ -300,11 +301,32 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: Optional[torch.opti
     saved_world = read_marker(path)["world_size"]
     if saved_world == d.world:
         _set_rng_state(torch.load(path / f"rng_rank{d.rank}.pt", weights_only=True))
+        return load_extra(path)
+    shared = [None]  # rank 0 reads every saved rank's file once; the others get its verdict
+    if d.rank == 0:
+        states = [torch.load(path / f"rng_rank{r}.pt", weights_only=True) for r in range(saved_world)]
+        shared = [states[0] if all(_equal(states[0], s) for s in states[1:]) else None]
+    if d.active:
+        dist.broadcast_object_list(shared, src=0)
+    if shared[0] is not None:
+        _set_rng_state(shared[0])
     elif d.rank == 0:
-        warnings.warn(f"checkpoint {path} was saved by {saved_world} ranks, this run has {d.world}: weights and "
-                      "optimizer state were resharded, but per-rank RNG states cannot be restored, so the run "
-                      "will not be bit-identical to an uninterrupted one", RuntimeWarning, stacklevel=2)
+        warnings.warn(f"checkpoint {path} was saved by {saved_world} ranks with different RNG states, this run has "
+                      f"{d.world}: weights and optimizer state were resharded, but per-rank RNG streams cannot be "
+                      "remapped, so random draws after the resume differ from an uninterrupted run's",
+                      RuntimeWarning, stacklevel=2)
     return load_extra(path)
+
+
+def _equal(a: Any, b: Any) -> bool:
+    """Structural equality of two RNG state objects (tensors compared by value)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    return a == b
 
 
 def load_model_weights(model: nn.Module, path: Path) -> dict:

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from data.loader import PREFETCH_DEPTH, TrainLoader, read_meta, resolve_prefetch, val_batches, val_tokens_used
+from data.loader import (PREFETCH_DEPTH, TrainLoader, batch_digest, read_meta, resolve_prefetch, val_batches,
+                         val_tokens_used)
 from data.shards import DataError, Meta, ShardInfo, SplitInfo, shard_name, write_meta, write_shard
 
 GPT2_INFO = {"spec": "gpt2", "name": "gpt2", "ranks_hash": "x" * 64, "n_vocab": 50257, "eot": 50256}
@@ -112,7 +113,7 @@ def test_resume_matches_an_uninterrupted_loader(tmp_path, ws, prefetch):
                 first.next_batch()
             wait_until_ahead(first)
             state = first.state_dict()
-            assert state["step"] == 9 and state["world_size"] == ws  # consumed, not gathered ahead
+            assert state["position"] == 9 * 3 * ws and state["world_size"] == ws  # consumed, not gathered ahead
             assert first.epochs_done == 9 * 3 * ws / 31
             for k in range(9, 12):  # the interrupted loader itself continues correctly after a save
                 assert torch.equal(first.next_batch()[0], ref[k][0])
@@ -146,7 +147,7 @@ def test_load_state_dict_discards_batches_gathered_ahead(tmp_path):
         for _ in range(6):
             loader.next_batch()
         wait_until_ahead(loader)
-        loader.load_state_dict({**loader.state_dict(), "step": 2})  # back to step 2 with steps 6, 7… queued
+        loader.load_state_dict({**loader.state_dict(), "position": 4})  # back to step 2 with 6, 7… queued
         assert torch.equal(loader.next_batch()[0], batches[2])
         loader.step = 10  # moving the position by hand restarts the producer too
         assert torch.equal(loader.next_batch()[0], batches[10])
@@ -258,13 +259,75 @@ def test_cuda_batches_arrive_on_the_device_and_match_the_cpu_ones(tmp_path, pref
 def test_state_mismatches_are_refused(tmp_path):
     d = make_dir(tmp_path / "a", train=[500])
     other = make_dir(tmp_path / "b", train=[500], start=1)
-    state = TrainLoader(d, 16, 2, 0, 2).state_dict()
-    with pytest.raises(DataError, match="world_size=2, this run has world_size=1"):
-        TrainLoader(d, 16, 2, 0, 1).load_state_dict(state)
-    with pytest.raises(DataError, match="seq_len"):
+    loader = TrainLoader(d, 16, 2, 0, 2)
+    loader.next_batch()  # position 4
+    state = loader.state_dict()
+    with pytest.raises(DataError, match="seq_len=16, this run has seq_len=8"):
         TrainLoader(d, 8, 2, 0, 2).load_state_dict(state)
+    with pytest.raises(DataError, match="seed=0, this run has seed=1"):
+        TrainLoader(d, 16, 2, 0, 2, seed=1).load_state_dict(state)
     with pytest.raises(DataError, match="fingerprint"):
         TrainLoader(other, 16, 2, 0, 2).load_state_dict(state)
+    # position 4 is no micro-batch boundary of 3 ranks × 1 (train.py refuses such a layout before this)
+    with pytest.raises(DataError, match=r"position \(4 windows, written by world_size=2 × micro_batch=2\) is not a "
+                                        r"multiple of this run's micro_batch × world_size = 1 × 3 = 3"):
+        TrainLoader(d, 16, 1, 0, 3).load_state_dict(state)
+    with pytest.raises(DataError, match="version 3 is newer"):
+        TrainLoader(d, 16, 2, 0, 2).load_state_dict({**state, "version": 3})
+
+
+def global_batches(d, seq_len: int, global_batch: int, micro: int, world: int, seed: int, steps: range,
+                   state: dict | None = None) -> tuple[list[torch.Tensor], dict]:
+    """Each optimizer step's global batch as the set of its rows (sorted), read by `world` loaders of `micro` rows
+    with global_batch // (micro · world) micro-batches per step, resumed from `state` (any layout's); and the
+    state after the last step (rank 0's)."""
+    loaders = [TrainLoader(d, seq_len, micro, r, world, seed) for r in range(world)]
+    for loader in loaders:
+        if state is not None:
+            loader.load_state_dict(state)
+    accum = global_batch // (micro * world)
+    out = []
+    for _ in steps:
+        rows = torch.cat([torch.cat([loader.next_batch()[0] for _ in range(accum)]) for loader in loaders])
+        out.append(rows[torch.argsort(batch_digest_rows(rows))])  # order-free: sorted by a per-row key
+    return out, loaders[0].state_dict()
+
+
+def batch_digest_rows(rows: torch.Tensor) -> torch.Tensor:
+    return torch.stack([batch_digest(r.view(1, -1)) for r in rows])
+
+
+@pytest.mark.parametrize("layouts", [[(2, 2), (1, 4), (2, 1)], [(4, 1), (1, 1), (2, 2)]])
+def test_a_resume_on_another_layout_reads_the_same_global_batches(tmp_path, layouts):
+    """World size and micro-batch change at two resumes (2 ranks → 1 rank with twice the micro-batch → 2 ranks …);
+    every optimizer step's global batch holds exactly the windows of an uninterrupted 1-rank run's, across epochs,
+    and the old state format (version 1: the per-rank step) resumes onto another layout at the same position."""
+    d = make_dir(tmp_path, train=[300, 211])  # 31 windows of 16: a global batch of 4 rows crosses epochs every ~8
+    ref, _ = global_batches(d, 16, 4, 4, 1, 5, range(24))
+    got, state = [], None
+    for (world, micro), steps in zip(layouts, (range(0, 7), range(7, 15), range(15, 24))):
+        if state is not None and world == 1:  # the version-1 state of the same position
+            state = {"version": 1, "step": state["position"] // (state["micro_batch"] * state["world_size"]),
+                     **{k: state[k] for k in ("epoch", "seed", "world_size", "micro_batch", "seq_len", "fingerprint")}}
+        part, state = global_batches(d, 16, 4, micro, world, 5, steps, state)
+        got += part
+    assert len(got) == len(ref) == 24
+    for k, (a, b) in enumerate(zip(ref, got)):
+        assert torch.equal(a, b), f"step {k}"
+    assert state["position"] == 24 * 4
+
+
+def test_batch_digest_names_the_rows_not_their_order():
+    x = torch.randint(0, 50_304, (6, 32), generator=torch.Generator().manual_seed(0))
+    whole = batch_digest(x)
+    assert whole.dtype == torch.int64 and whole.dim() == 0
+    assert batch_digest(x[:2]) + batch_digest(x[2:]) == whole == batch_digest(x.flip(0))  # any split, any order
+    shifted = x.clone()
+    shifted[3] = torch.roll(x[3], 1)  # one window read one token off
+    assert batch_digest(shifted) != whole
+    other = x.clone()
+    other[0, 5] += 1
+    assert batch_digest(other) != whole
 
 
 def test_uint32_shards(tmp_path):
