@@ -1,21 +1,26 @@
 """Kill soak: a 2-rank CPU run SIGKILLed at random moments (some while a checkpoint is being written) and restarted
-with the same command each time, then compared with an uninterrupted run of the same command.
+with the same command each time (or on the other number of ranks), then compared with an uninterrupted run.
 
     python -m scripts.soak --minutes 30 --out runs/soak      # the report in docs/reliability.md
     python -m scripts.soak --episodes 1 --kills 2            # a short soak (tests/test_soak.py runs one)
 
 An episode is one training run: an uninterrupted reference (once per seed), then the same command under kills
 until it reaches its last step. A kill is `SIGKILL` to the whole process group (torchrun and both ranks), as a
-crashed machine or an OOM killer would do it: no handler runs, no file is closed. Two kinds alternate:
+crashed machine or an OOM killer would do it: no handler runs, no file is closed. Three kinds take turns:
 
+- during a checkpoint write: the soak waits until a `.tmp-step_*` folder exists and kills while it still does;
 - at a random moment (anywhere: start-up, a step, an eval, a checkpoint);
-- during a checkpoint write: the soak waits until a `.tmp-step_*` folder exists and kills while it still does.
+- a rank-count change: a random moment as above, and the restart runs on the other number of ranks (2 → 1 or
+  1 → 2, the micro-batch unchanged, so the accumulation doubles or halves), as a job requeued onto another
+  allocation would.
 
 Every restart must resume from the newest checkpoint that was complete (its COMPLETE marker written) when the
-kill landed, never a partial one; at the end the killed run's losses (metrics.jsonl) and every parameter and
-optimizer tensor of its final checkpoint must equal the reference's bit for bit. The report gives the kills
-survived, the kills during checkpoint writes, the steps recomputed (done before a kill, redone after it), and the
-divergence (0 = bit-identical).
+kill landed, never a partial one. At the end every step's `batch_digest` must equal the reference's (the same
+tokens), and the killed run's losses (metrics.jsonl) and every parameter and optimizer tensor of its final
+checkpoint must equal the reference's bit for bit — or, in an episode that changed its rank count, lie within the
+fp32 reduction-order bounds LOSS_TOL and TENSOR_REL_TOL (another rank count sums in another order). The report
+gives the kills survived, the kills during checkpoint writes, the rank changes, the steps recomputed (done before a
+kill, redone after it), and the divergence (0 = bit-identical).
 """
 from __future__ import annotations
 
@@ -34,14 +39,28 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 TMP_PREFIX = ".tmp-step_"
+KINDS = ("checkpoint-write", "random", "rank-change")
+# An episode that changed its rank count is compared within fp32 reduction order. The loss of a step (mean over
+# 8 × 64 rows) and each gradient sum differ by ≲ sqrt(n)·u relative (u = 2⁻²⁴, n ≤ 512 rows: ≈ 1.4e-6) between
+# layouts; over the run's steps the weights drift by lr·(that) per step (lr 3e-3 on |w| ~ 0.02–1), far below the
+# loss's own rounding, so the loss stays within a few 1e-6 of |loss| ≤ 10. LOSS_TOL is 10× that; a step on one
+# other window moves the loss by ~1e-2, and `batch_digest` must match exactly anyway.
+LOSS_TOL = 1e-4
+# Each weight tensor, relative to its norm: the same few-rounding-errors drift (measured ≤ 1e-6); 100× that.
+TENSOR_REL_TOL = 1e-4
+# Optimizer moments, absolute: gradients are clipped to norm ≤ optim.grad_clip = 1, so every moment entry is ≤ 1 and
+# its rounding difference ≲ sqrt(n)·u ≈ 1.4e-6 (measured ≤ 2e-6). Relative bounds do not hold here: a scalar
+# vector's gradient is a sum of many terms that nearly cancel, so its moment can be 1e-8 with the same absolute error.
+OPTIM_ABS_TOL = 1e-4
 
 
 @dataclass
 class Kill:
     episode: int
-    kind: str  # random | checkpoint-write
+    kind: str  # checkpoint-write | random | rank-change
     at_step: int  # the last step logged before the kill
     during_write: bool  # a .tmp-step_* folder existed at the moment of the kill (and after it)
+    ranks_after: int = 2  # the rank count the next launch ran on
     resumed_from: int = -1  # the step the next launch resumed from (-1: started from scratch)
     complete_before: list[int] = field(default_factory=list)  # complete checkpoints when the kill landed
 
@@ -52,16 +71,20 @@ class Episode:
     launches: int = 0
     kills: list[Kill] = field(default_factory=list)
     steps_recomputed: int = 0
+    rank_changes: int = 0
+    digests_equal: bool = False  # every step trained on the reference's tokens
     max_loss_diff: float = 0.0
     differing_tensors: int = 0
+    max_tensor_rel_diff: float = 0.0  # over the model's tensors
+    max_optim_abs_diff: float = 0.0  # over the optimizer state's
     tensors: int = 0
     ok: bool = False
 
 
-def command(out: Path, name: str, seed: int, steps: int) -> list[str]:
-    """A tiny unified model on the built-in corpus, 2 ranks, a checkpoint every 2 steps, fp32 eager (bit-exact
-    resume holds in fp32, DESIGN.md)."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+def command(out: Path, name: str, seed: int, steps: int, ranks: int = 2) -> list[str]:
+    """A tiny unified model on the built-in corpus, `ranks` ranks (2, or 1 after a rank-change kill; global batch
+    8 of micro-batches of 2), a checkpoint every 2 steps, fp32 eager (bit-exact resume holds in fp32, DESIGN.md)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
             str(REPO / "train.py"), "--config", str(REPO / "configs" / "tiny_cpu.yaml"),
             "model.d_model=64", "model.n_heads=2", "model.n_layers=2", f"train.steps={steps}",
             "train.global_batch=8", "train.micro_batch=2", "train.eval_every=1000000", "train.eval_tokens=4096",
@@ -145,12 +168,12 @@ def run_with_kills(out: Path, name: str, seed: int, steps: int, kills: int, rng:
                    deadline: float) -> Episode:
     ep = Episode(seed)
     ckpts, log = out / name / "checkpoints", out / f"{name}.log"
-    cmd = command(out, name, seed, steps)
+    ranks = 2
     pending: Kill | None = None
     while True:
         offset = log.stat().st_size if log.exists() else 0
         stale = tmp_dirs(ckpts)  # left by an earlier kill: not a save of this launch
-        proc = launch(cmd, out, log)
+        proc = launch(command(out, name, seed, steps, ranks), out, log)
         ep.launches += 1
         if pending is not None:  # the previous kill: which checkpoint did this launch resume from?
             pending.resumed_from = resumed_step(log, offset, proc)
@@ -163,13 +186,17 @@ def run_with_kills(out: Path, name: str, seed: int, steps: int, kills: int, rng:
             if proc.wait() != 0:
                 raise SystemExit(f"soak: the last launch of {name} failed (exit {proc.returncode}); see {log}")
             return ep
-        kind = "random" if len(ep.kills) % 2 else "checkpoint-write"
+        kind = KINDS[len(ep.kills) % len(KINDS)]
         seen = max([k.at_step for k in ep.kills], default=0)  # metrics.jsonl holds up to here until truncated
-        killed = wait_and_kill(proc, kind, ckpts, stale, rng, seen, steps)
+        killed = wait_and_kill(proc, "checkpoint-write" if kind == "checkpoint-write" else "random", ckpts, stale,
+                               rng, seen, steps)
         if killed is None:  # the run finished before the kill
             return ep
         at_step, during = killed
-        pending = Kill(episode, kind, at_step, during, complete_before=complete(ckpts))
+        if kind == "rank-change":
+            ranks = 3 - ranks  # 2 ↔ 1
+            ep.rank_changes += 1
+        pending = Kill(episode, kind, at_step, during, ranks_after=ranks, complete_before=complete(ckpts))
         ep.kills.append(pending)
 
 
@@ -223,20 +250,45 @@ def resumed_step(log: Path, offset: int, proc: subprocess.Popen) -> int:
     raise SystemExit(f"soak: a launch neither resumed nor started training; see {log}")
 
 
-def compare(ref: Path, run: Path) -> tuple[float, int, int]:
-    """(max |Δ train loss| over steps, differing tensors, tensors) between two runs' metrics and final
-    checkpoints (model and optimizer)."""
-    def losses(path: Path) -> dict[int, float]:
+def compare(ref: Path, run: Path, ep: Episode) -> None:
+    """Fill `ep`'s comparison of two runs' metrics (digests, losses) and final checkpoints (model and optimizer),
+    and whether it passes: bit-identical, or within the tolerances where the episode changed its rank count."""
+    def train_records(path: Path) -> dict[int, dict]:
         recs = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines() if line.strip()]
-        return {r["step"]: r["loss"] for r in recs if r.get("kind") == "train"}
-    a, b = losses(ref), losses(run)
+        return {r["step"]: r for r in recs if r.get("kind") == "train"}
+    a, b = train_records(ref), train_records(run)
+    ep.ok = False
     if a.keys() != b.keys():
-        return float("inf"), -1, -1
-    diff = max(abs(a[s] - b[s]) for s in a)
+        ep.max_loss_diff, ep.differing_tensors, ep.tensors = float("inf"), -1, -1
+        return
+    ep.digests_equal = all(a[s]["batch_digest"] == b[s]["batch_digest"] for s in a)
+    ep.max_loss_diff = max(abs(a[s]["loss"] - b[s]["loss"]) for s in a)
     sa, sb = final_state(ref), final_state(run)
+    ep.tensors = len(sa)
     if sa.keys() != sb.keys():
-        return diff, -1, len(sa)
-    return diff, sum(not torch.equal(sa[k], sb[k]) for k in sa), len(sa)
+        ep.differing_tensors = -1
+        return
+    ep.differing_tensors = sum(not torch.equal(sa[k], sb[k]) for k in sa)
+    ep.max_tensor_rel_diff = max(rel_diff(sa[k], sb[k]) for k in sa if k.startswith(".model."))
+    ep.max_optim_abs_diff = max(abs_diff(sa[k], sb[k]) for k in sa if k.startswith(".optim."))
+    if ep.rank_changes == 0:
+        ep.ok = ep.digests_equal and ep.max_loss_diff == 0 and ep.differing_tensors == 0
+    else:
+        ep.ok = (ep.digests_equal and ep.max_loss_diff <= LOSS_TOL and ep.max_tensor_rel_diff <= TENSOR_REL_TOL
+                 and ep.max_optim_abs_diff <= OPTIM_ABS_TOL)
+
+
+def rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    if not a.is_floating_point():
+        return 0.0 if torch.equal(a, b) else float("inf")
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / a.norm()).item() if a.norm() > 0 else (a - b).norm().item()
+
+
+def abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    if not a.is_floating_point():
+        return 0.0 if torch.equal(a, b) else float("inf")
+    return (a.double() - b.double()).abs().max().item()
 
 
 def final_state(run: Path) -> dict[str, torch.Tensor]:
@@ -292,27 +344,41 @@ def main(argv: list[str] | None = None) -> int:
         name = f"killed-s{seed}"
         ep = run_with_kills(out, name, seed, args.steps, args.kills, rng, i,
                             deadline if args.minutes else float("inf"))
-        ep.max_loss_diff, ep.differing_tensors, ep.tensors = compare(ref, out / name)
-        ep.ok = ep.max_loss_diff == 0 and ep.differing_tensors == 0
+        compare(ref, out / name, ep)
         episodes.append(ep)
         print(f"episode {i}: {len(ep.kills)} kills ({sum(k.during_write for k in ep.kills)} during a checkpoint "
-              f"write), {ep.launches} launches, {ep.steps_recomputed} steps recomputed, max |Δloss| "
-              f"{ep.max_loss_diff}, {ep.differing_tensors} of {ep.tensors} tensors differ", flush=True)
+              f"write, {ep.rank_changes} rank changes), {ep.launches} launches, {ep.steps_recomputed} steps "
+              f"recomputed, digests {'equal' if ep.digests_equal else 'DIFFER'}, max |Δloss| {ep.max_loss_diff:.3g}, "
+              f"{ep.differing_tensors} of {ep.tensors} tensors differ (weights: max relative "
+              f"{ep.max_tensor_rel_diff:.3g}; optimizer: max absolute {ep.max_optim_abs_diff:.3g})"
+              f"{'' if ep.ok else ' — DIVERGED'}", flush=True)
     kills = [k for e in episodes for k in e.kills]
     report = {
         "minutes": round((time.monotonic() - t0) / 60, 1), "episodes": len(episodes),
         "kills": len(kills), "kills_during_checkpoint_write": sum(k.during_write for k in kills),
+        "rank_changes": sum(e.rank_changes for e in episodes),
         "launches": sum(e.launches for e in episodes), "steps_recomputed": sum(e.steps_recomputed for e in episodes),
         "partial_checkpoints_loaded": 0,  # every resume was checked against the newest complete one (above)
         "divergent_episodes": sum(not e.ok for e in episodes),
-        "max_loss_diff": max((e.max_loss_diff for e in episodes), default=0.0),
+        "digests_equal": all(e.digests_equal for e in episodes),
+        # bit-identical episodes (no rank change) and the others, apart: their criteria differ
+        "max_loss_diff": max((e.max_loss_diff for e in episodes if not e.rank_changes), default=0.0),
+        "max_loss_diff_rank_changed": max((e.max_loss_diff for e in episodes if e.rank_changes), default=0.0),
+        "max_tensor_rel_diff_rank_changed": max((e.max_tensor_rel_diff for e in episodes if e.rank_changes),
+                                                default=0.0),
+        "max_optim_abs_diff_rank_changed": max((e.max_optim_abs_diff for e in episodes if e.rank_changes),
+                                               default=0.0),
         "episodes_detail": [asdict(e) for e in episodes],
     }
     (out / "report.json").write_text(json.dumps(report, indent=1))
     print(f"soak: {report['minutes']} min, {report['episodes']} episodes, {report['kills']} kills survived "
-          f"({report['kills_during_checkpoint_write']} during a checkpoint write), {report['launches']} launches, "
-          f"{report['steps_recomputed']} steps recomputed, partial checkpoints loaded: 0, divergent episodes: "
-          f"{report['divergent_episodes']} (max |Δloss| {report['max_loss_diff']})")
+          f"({report['kills_during_checkpoint_write']} during a checkpoint write, {report['rank_changes']} onto "
+          f"another rank count), {report['launches']} launches, {report['steps_recomputed']} steps recomputed, "
+          f"partial checkpoints loaded: 0, every step's tokens equal: {report['digests_equal']}, divergent episodes: "
+          f"{report['divergent_episodes']} (max |Δloss| {report['max_loss_diff']} without a rank change, "
+          f"{report['max_loss_diff_rank_changed']:.3g} with one; there, weights within "
+          f"{report['max_tensor_rel_diff_rank_changed']:.3g} relative, optimizer state within "
+          f"{report['max_optim_abs_diff_rank_changed']:.3g})")
     return 0 if report["divergent_episodes"] == 0 else 1
 
 

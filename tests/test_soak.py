@@ -1,7 +1,7 @@
 """The kill soak in miniature (scripts/soak.py; its 30-minute report is in docs/reliability.md): a 2-rank run
 SIGKILLed twice — once while a checkpoint is being written, once at a random moment — and restarted with the same
 command each time ends bit-identical to the uninterrupted run, having resumed each time from the newest complete
-checkpoint."""
+checkpoint; a third kill that restarts it on 1 rank keeps every step's tokens and stays within fp32 rounding."""
 from __future__ import annotations
 
 import json
@@ -12,9 +12,23 @@ from scripts import soak
 def test_two_kills_then_bit_identical(tmp_path, capsys):
     assert soak.main(["--episodes", "1", "--kills", "2", "--steps", "12", "--out", str(tmp_path / "soak")]) == 0
     report = json.loads((tmp_path / "soak" / "report.json").read_text())
-    assert report["kills"] == 2 and report["kills_during_checkpoint_write"] >= 1
-    assert report["divergent_episodes"] == 0 and report["max_loss_diff"] == 0.0
+    assert report["kills"] == 2 and report["kills_during_checkpoint_write"] >= 1 and report["rank_changes"] == 0
+    assert report["divergent_episodes"] == 0 and report["max_loss_diff"] == 0.0 and report["digests_equal"]
     episode = report["episodes_detail"][0]
     assert episode["launches"] == 3 and episode["differing_tensors"] == 0 and episode["tensors"] > 20
     assert "2 kills survived" in capsys.readouterr().out
+
+
+def test_a_kill_that_restarts_on_one_rank_keeps_the_tokens(tmp_path, capsys):
+    assert soak.main(["--episodes", "1", "--kills", "3", "--steps", "14", "--seed", "1",
+                      "--out", str(tmp_path / "soak")]) == 0
+    report = json.loads((tmp_path / "soak" / "report.json").read_text())
+    episode = report["episodes_detail"][0]
+    assert [k["kind"] for k in episode["kills"]] == ["checkpoint-write", "random", "rank-change"]
+    assert [k["ranks_after"] for k in episode["kills"]] == [2, 2, 1] and report["rank_changes"] == 1
+    assert episode["launches"] == 4 and episode["ok"] and report["digests_equal"]
+    assert 0 < report["max_tensor_rel_diff_rank_changed"] <= soak.TENSOR_REL_TOL  # not bit-identical: another sum
+    assert report["max_optim_abs_diff_rank_changed"] <= soak.OPTIM_ABS_TOL
+    assert report["max_loss_diff_rank_changed"] <= soak.LOSS_TOL
+    assert "1 onto another rank count" in capsys.readouterr().out
     assert soak.main(["--out", str(tmp_path / "soak")]) == 2  # never mixes a new soak into an old one
