@@ -57,11 +57,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 # The modules whose tests prove training numerics: compiled against eager, the fused head against the plain path,
-# FSDP2 ranks against one process, resume against an uninterrupted run, Muon against torch's, our Llama against
-# transformers', host reads. .ci/torch-lane runs them (`-m numerics`) under the GPU machines' torch.
+# FSDP2 ranks against one process, resume against an uninterrupted run (on another layout too), Muon against
+# torch's, our Llama against transformers', host reads. .ci/torch-lane runs them (`-m numerics`) under the GPU
+# machines' torch.
 NUMERICS_MODULES = {"test_compile", "test_loss", "test_host_reads", "test_train", "test_moe_train", "test_optim_dist",
                     "test_parallel", "test_checkpoint", "test_checkpoint_fsdp", "test_muon", "test_model", "test_moe",
-                    "test_grad_reduce"}
+                    "test_grad_reduce", "test_elastic", "test_data_loader"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
