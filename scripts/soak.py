@@ -241,6 +241,8 @@ def resumed_step(log: Path, offset: int, proc: subprocess.Popen) -> int:
         for line in text.splitlines():  # log.every = 1: the first step a launch logs is the one after its start
             if line.startswith("eval step 0:"):
                 return -1
+            if line.startswith("resumed from ") and " at step " in line:  # also a resume at the last step (no step)
+                return int(line.split(" at step ", 1)[1].split()[0])
             if line.startswith("step ") and "/" in line.split()[1]:
                 first = int(line.split()[1].split("/")[0])
                 return first - 1 if first > 1 else -1
