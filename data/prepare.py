@@ -10,7 +10,9 @@ Each document becomes [EOT] + its tokens (EOT first, as in llm.c: the first toke
 predicted from the separator). A document goes to the val split when the first 8 bytes of the sha256 of its text,
 read as a fraction of 2^64, fall below `val_frac`: deterministic, streaming, and duplicates never straddle the
 split. An eval-only dir holds a val split only. meta.json is written last; re-running a finished prepare with
-the same settings does nothing, a dir without meta.json (interrupted) is cleaned and redone.
+the same settings does nothing, a dir without meta.json (interrupted) is cleaned and redone. --max-tokens counts
+only where it changes the tokens: meta.json records whether the source was read to its end (source_complete), and a
+cap above the train tokens of such a dir, or none, is the same setting as its own (caps_agree).
 """
 from __future__ import annotations
 
@@ -80,11 +82,12 @@ def prepare(cfg: DataConfig, *, eval_only: bool = False, like: str | Path | None
     request = _request(cfg, eval_only, like_meta.tokenizer["ranks_hash"] if like_meta else None, shard_tokens)
     if (out / META_FILE).is_file() and not force:
         meta = load_meta(out)
-        if meta.request == request:
-            _say(progress, f"{out} is already prepared ({_summary(meta)}); nothing to do")
+        differ = _differing(meta, request, list(request))
+        if not differ:
+            _say(progress, f"{out} is already prepared ({_summary(meta)}){_same_tokens_note(meta, request)}; "
+                           "nothing to do")
             return out
-        diff = ", ".join(f"{k}: {meta.request.get(k)!r} → {v!r}" for k, v in request.items()
-                         if meta.request.get(k) != v)
+        diff = ", ".join(f"{k}: {meta.request.get(k)!r} → {request[k]!r}" for k in differ)
         raise DataError(f"{out} was prepared with other settings ({diff}); choose another --out or pass --force")
     out.mkdir(parents=True, exist_ok=True)
     _clean(out)  # leftovers of an interrupted run, or the old output under --force
@@ -107,8 +110,8 @@ def _prepare_into(out: Path, cfg: DataConfig, request: dict, eval_only: bool, li
     dtype = dtype_for(tok.n_vocab)
     writers = {s: SplitWriter(out, s, dtype, shard_tokens) for s in (("val",) if eval_only else ("train", "val"))}
     docs = iter_documents(src, cfg.text_column, cfg.txt_document)
-    text_bytes = _tokenize(docs, tok, writers, cfg, eval_only, num_threads, total=source_bytes(src),
-                           progress=progress, desc=f"tokenizing {src}")
+    text_bytes, complete = _tokenize(docs, tok, writers, cfg, eval_only, num_threads, total=source_bytes(src),
+                                     progress=progress, desc=f"tokenizing {src}")
     splits = {s: w.close() for s, w in writers.items()}
     if not splits["val"].tokens:
         raise DataError(f"no document of {src} fell in the val split ({splits['train'].docs} documents, "
@@ -116,7 +119,8 @@ def _prepare_into(out: Path, cfg: DataConfig, request: dict, eval_only: bool, li
     if not eval_only and not splits["train"].tokens:
         raise DataError(f"every document of {src} fell in the val split; lower --val-frac or add documents")
     meta = Meta(tokenizer=tok.info(), source=cfg.source, request=request, eval_only=eval_only,
-                dtype=dtype.name, splits=splits, text_bytes=text_bytes, seconds=round(time.time() - t0, 3))
+                dtype=dtype.name, splits=splits, text_bytes=text_bytes, seconds=round(time.time() - t0, 3),
+                source_complete=complete)
     meta.fingerprint = meta.compute_fingerprint()
     write_meta(out, meta)
     _say(progress, f"wrote {out}: {_summary(meta)}")
@@ -128,6 +132,44 @@ def _summary(meta: Meta) -> str:
     rate = meta.text_bytes / 1e6 / meta.seconds if meta.seconds else 0.0
     return (f"{'; '.join(parts)}; tokenizer {meta.tokenizer['name']}; {meta.text_bytes / 1e6:.2f} MB of text in "
             f"{meta.seconds:.1f} s ({rate:.2f} MB/s)")
+
+
+def caps_agree(meta: Meta, cap: Optional[int]) -> bool:
+    """Whether preparing with a cap of `cap` train tokens (None: no cap) writes the very tokens `meta`'s dir holds.
+    A cap stops after the first document that reaches it, so a cap other than the dir's agrees only when neither
+    fires before the source ends: the dir holds its whole source and `cap` stays above its train tokens (a cap equal
+    to them stops at the last train document and would drop any val documents after it)."""
+    if cap == meta.request.get("max_tokens") or meta.eval_only:  # an eval-only set is never capped
+        return True
+    return meta.holds_whole_source() and (cap is None or cap > meta.splits["train"].tokens)
+
+
+def _differing(meta: Meta, request: dict, keys: Iterable[str]) -> list[str]:
+    """The keys of `request` whose value would make other tokens than `meta`'s dir holds (max_tokens: see
+    caps_agree)."""
+    return [k for k in keys if meta.request.get(k) != request[k]
+            and not (k == "max_tokens" and caps_agree(meta, request[k]))]
+
+
+def _same_tokens_note(meta: Meta, request: dict) -> str:
+    cap = request.get("max_tokens")
+    if cap == meta.request.get("max_tokens") or meta.eval_only:
+        return ""
+    return (f"; it holds the whole source, {meta.splits['train'].tokens:,} train tokens, so max_tokens "
+            f"{_override_value(cap)} changes nothing")
+
+
+def _override_value(v) -> str:
+    """`v` as a dotted override's value (YAML): None → null."""
+    return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def _cap_there(meta: Meta) -> str:
+    """What the dir's cap did, for a max_tokens mismatch message."""
+    n = meta.splits["train"].tokens
+    if meta.holds_whole_source():
+        return f"the whole source: {n:,} train tokens"
+    return f"cut short by it at {n:,} train tokens"
 
 
 def _say(progress: bool, msg: str) -> None:
@@ -181,20 +223,26 @@ def _batches(docs: Iterable[str], chars: int) -> Iterator[list[str]]:
 
 
 def _tokenize(docs: Iterable[str], tok: Tokenizer, writers: dict[str, SplitWriter], cfg: DataConfig,
-              eval_only: bool, num_threads: Optional[int], total: Optional[int], progress: bool, desc: str) -> int:
+              eval_only: bool, num_threads: Optional[int], total: Optional[int], progress: bool,
+              desc: str) -> tuple[int, bool]:
+    """Write every document (up to the cap) to its split; returns (text bytes read, whether the source was read to
+    its end: meta.json's source_complete)."""
     text_bytes = 0
     cap = None if eval_only else cfg.max_tokens
+    docs = iter(docs)  # one iterator, so that the cap below can ask it whether anything follows
     with tqdm(total=total, unit="B", unit_scale=True, desc=desc, disable=not progress) as bar:
         for batch in _batches(docs, BATCH_CHARS):
-            for text, ids in zip(batch, tok.encode_batch(batch, num_threads=num_threads)):
+            for i, (text, ids) in enumerate(zip(batch, tok.encode_batch(batch, num_threads=num_threads))):
                 split = "val" if eval_only or is_val(text, cfg.val_frac) else "train"
                 writers[split].add([[tok.eot] + ids])
                 n_bytes = len(text.encode("utf-8"))
                 text_bytes += n_bytes
                 bar.update(n_bytes)
                 if cap is not None and writers["train"].n_tokens >= cap:
-                    return text_bytes  # the cap counts whole documents: the last one may cross it
-    return text_bytes
+                    # the cap counts whole documents: the last one may cross it. The source is complete anyway if
+                    # no document follows (one more is read from the source to know, never written)
+                    return text_bytes, i == len(batch) - 1 and next(docs, None) is None
+    return text_bytes, True
 
 
 # ------------------------------------------------------------------------------------------------ for the trainer
@@ -214,11 +262,15 @@ def ensure_prepared(cfg: DataConfig) -> Path:
     if meta.eval_only:
         raise DataError(f"data dir {out} is an eval-only set (no train split); point data.dir at a training dir")
     expected = _request(cfg, False, None, meta.request.get("shard_tokens", DEFAULT_SHARD_TOKENS))
-    diff = [k for k in CFG_KEYS if meta.request.get(k) != expected[k]]
+    diff = _differing(meta, expected, CFG_KEYS)  # a cap that changes no token is no difference (caps_agree)
     if diff:
+        there = {k: f"{meta.request.get(k)!r} there" + (f" ({_cap_there(meta)})" if k == "max_tokens" else "")
+                 for k in diff}
+        match = " ".join(shlex.quote(f"data.{k}={_override_value(meta.request.get(k))}") for k in diff)
         raise DataError(f"data dir {out} was prepared with other settings than the config's data section ("
-                        + ", ".join(f"{k}: {meta.request.get(k)!r} there, {expected[k]!r} in the config" for k in diff)
-                        + f"); set data.dir to another folder, or redo it with `{prepare_command(cfg)} --force`")
+                        + ", ".join(f"{k}: {there[k]}, {expected[k]!r} in the config" for k in diff)
+                        + f"); to train on it as prepared, override {match}; or set data.dir to another folder, or "
+                        f"redo it with `{prepare_command(cfg)} --force`")
     check_tokenizer(out, load_tokenizer(cfg.tokenizer, out))
     for vs in cfg.val_sets:
         vmeta = load_meta(vs, hint=prepare_command(replace(cfg, source="PATH/TO/TEXT", dir=vs), True, cfg.dir))

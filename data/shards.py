@@ -117,6 +117,9 @@ class Meta:
     seconds: float = 0.0
     fingerprint: str = ""
     version: int = META_VERSION
+    # True: the source was read to its end (no max_tokens cap cut it short); None: not recorded (a meta.json
+    # written before this field existed; `holds_whole_source` infers what it safely can)
+    source_complete: Optional[bool] = None
 
     def compute_fingerprint(self) -> str:
         ident = {"version": self.version, "ranks_hash": self.tokenizer["ranks_hash"], "eot": self.tokenizer["eot"],
@@ -125,7 +128,7 @@ class Meta:
 
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in ("version", "fingerprint", "source", "eval_only", "tokenizer", "dtype",
-                                           "text_bytes", "seconds", "request")}
+                                           "text_bytes", "seconds", "request", "source_complete")}
         d["n_vocab"] = self.tokenizer["n_vocab"]  # top level too: what the model's vocab is sized from
         d["splits"] = {s: {"docs": i.docs, "tokens": i.tokens, "shards": [vars(x) for x in i.shards]}
                        for s, i in self.splits.items()}
@@ -137,7 +140,16 @@ class Meta:
                   for s, i in d["splits"].items()}
         return cls(tokenizer=d["tokenizer"], source=d["source"], request=d["request"], eval_only=d["eval_only"],
                    dtype=d["dtype"], splits=splits, text_bytes=d.get("text_bytes", 0), seconds=d.get("seconds", 0.0),
-                   fingerprint=d["fingerprint"], version=d["version"])
+                   fingerprint=d["fingerprint"], version=d["version"], source_complete=d.get("source_complete"))
+
+    def holds_whole_source(self) -> bool:
+        """Whether the dir holds every document of its source, i.e. no max_tokens cap stopped the prepare early.
+        Without the recorded field (an older meta.json): yes without a cap or with one its train tokens stay
+        under (the cap never fired); otherwise unknown, answered no."""
+        if self.source_complete is not None:
+            return self.source_complete
+        cap = self.request.get("max_tokens")
+        return self.eval_only or cap is None or self.splits["train"].tokens < cap
 
 
 def write_meta(data_dir: Path, meta: Meta) -> None:

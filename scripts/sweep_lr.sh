@@ -10,16 +10,19 @@
 # all of them share one wandb group, <sweep> (default sweep-<config name>; set SWEEP to choose). Re-running the same
 # command skips finished runs and resumes unfinished ones from their newest checkpoint. The last step prints
 # `python -m scripts.summarize` over the sweep: final val loss per lr, the best marked.
+# An override log.out_dir=DIR stands for OUT_DIR=DIR; log.wandb.group=G names the wandb group (the folder stays
+# <sweep>). The script sets optim.lr and log.run_name per run itself: give lrs as arguments and SWEEP for the name.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if [[ $# -lt 1 || $1 == -h || $1 == --help ]]; then
-    sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
     exit 0
 fi
 config=$1
 shift
 [[ -f $config ]] || { echo "error: config $config does not exist" >&2; exit 2; }
+name=$(basename "$config" .yaml)
 
 lrs=()
 overrides=()
@@ -34,14 +37,46 @@ while [[ $# -gt 0 ]]; do
 done
 [[ ${#lrs[@]} -gt 0 ]] || lrs=(6e-4 1e-3 2e-3 3e-3 4e-3 5e-3 6e-3)
 
+# The keys this script sets for every run: log.out_dir and log.wandb.group are honoured (and taken out of the
+# overrides, which would otherwise win over the script's own values), optim.lr and log.run_name refused before any run.
+base_dir=${OUT_DIR:-}
+group=
+passed=()
+refused=()
+for o in ${overrides[@]+"${overrides[@]}"}; do
+    read -r key <<<"${o%%=*}"  # the key as train.py reads it: text before the first =, spaces trimmed
+    value=${o#*=}
+    case $key in
+        log.out_dir)
+            [[ -n $value ]] || { echo "error: override $o: log.out_dir needs a folder" >&2; exit 2; }
+            if [[ -n ${OUT_DIR:-} && $OUT_DIR != "$value" ]]; then
+                echo "error: OUT_DIR=$OUT_DIR and override $o name two places for the sweep; give one of them" >&2
+                exit 2
+            fi
+            base_dir=$value ;;
+        log.wandb.group) group=$value ;;
+        log.run_name | optim.lr) refused+=("$o") ;;
+        *) passed+=("$o") ;;
+    esac
+done
+sweep=${SWEEP:-sweep-$name}
+out_dir=${base_dir:-runs}/$sweep
+for o in ${refused[@]+"${refused[@]}"}; do
+    if [[ ${o%%=*} == *log.run_name* ]]; then
+        echo "error: override $o: the sweep names each run <config>-lr<LR> itself (here $out_dir/$name-lr${lrs[0]}" \
+             "...); set SWEEP=NAME to name the sweep's folder, OUT_DIR=DIR or log.out_dir=DIR for where it goes" >&2
+    else
+        echo "error: override $o: the sweep sets optim.lr per run; give the lrs as arguments before --, e.g." \
+             "scripts/sweep_lr.sh $config ${o#*=} -- ..." >&2
+    fi
+done
+[[ ${#refused[@]} -eq 0 ]] || exit 2
+
 if [[ -z ${NPROC:-} ]]; then
     NPROC=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' || true)
     [[ $NPROC -gt 0 ]] || NPROC=1
 fi
 PYTHON=${PYTHON:-python}
-name=$(basename "$config" .yaml)
-sweep=${SWEEP:-sweep-$name}
-out_dir=${OUT_DIR:-runs}/$sweep
 
 for lr in "${lrs[@]}"; do
     run=$name-lr$lr
@@ -51,7 +86,7 @@ for lr in "${lrs[@]}"; do
     fi
     echo "== $run ($NPROC process(es))"
     args=(train.py --config "$config" "optim.lr=$lr" "log.out_dir=$out_dir" "log.run_name=$run"
-          "log.wandb.group=$sweep" "${overrides[@]}")
+          "log.wandb.group=${group:-$sweep}" ${passed[@]+"${passed[@]}"})
     if [[ $NPROC -gt 1 ]]; then
         "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node="$NPROC" "${args[@]}"
     else

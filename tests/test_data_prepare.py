@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ from data.builtin import pd_english_documents
 from data.config import DataConfig
 from data.loader import TrainLoader, read_meta, val_batches
 from data.prepare import check_tokenizer, ensure_prepared, is_val, main, prepare, prepare_command
-from data.shards import DataError, open_shard
+from data.shards import META_FILE, DataError, load_meta, open_shard
 from data.sources import SourceError, iter_hf, parse_source
 from data.tokenizer import load_tokenizer
 
@@ -236,3 +237,71 @@ def test_a_txt_file_by_paragraph(tmp_path):
     assert "--txt-document paragraph" in prepare_command(cfg)
     with pytest.raises(DataError, match="txt_document: 'paragraph' there, 'file' in the config"):
         ensure_prepared(DataConfig(source=cfg.source, dir=cfg.dir, val_frac=0.2))
+
+
+def test_a_cap_is_compared_by_the_tokens_it_keeps(tmp_path, capsys):
+    """data.max_tokens is compared by what it does, not by its value: a paper config's 10.6B cap over a small source
+    whose whole dir is prepared changes no token and is accepted. A dir a cap cut short matches only that cap, and the
+    refusal names the override that matches the dir. meta.json records whether the source was read to its end; an
+    older meta.json without the field is judged conservatively from its cap and token count."""
+    docs = write_docs(tmp_path / "txt12", 12)
+    assert is_val(docs[-1], 0.2) and not is_val(docs[9], 0.2)  # the source ends with val documents; doc 9 is train
+    whole = DataConfig(source=str(tmp_path / "txt12"), dir=str(tmp_path / "whole"), tokenizer="gpt2", val_frac=0.2)
+    prepare(whole, progress=False)
+    meta = load_meta(whole.dir)
+    n = meta.splits["train"].tokens
+    assert meta.source_complete is True
+    for cap in (n + 1, 10_600_000_000):  # never reached: the same tokens
+        assert ensure_prepared(replace(whole, max_tokens=cap)) == Path(whole.dir)
+        assert prepare(replace(whole, max_tokens=cap)) == Path(whole.dir)
+        assert f"it holds the whole source, {n:,} train tokens, so max_tokens {cap} changes nothing; nothing to do" \
+            in capsys.readouterr().err
+    with pytest.raises(DataError, match=rf"max_tokens: None there \(the whole source: {n:,} train tokens\), {n // 2} "
+                                        r"in the config\); to train on it as prepared, override data.max_tokens=null; "
+                                        rf"or .*`python -m data.prepare .* --max-tokens {n // 2} --out .* --force`"):
+        ensure_prepared(replace(whole, max_tokens=n // 2))
+
+    # A cap equal to the train tokens stops at the last train document: the val documents after it are lost.
+    equal = replace(whole, dir=str(tmp_path / "equal"), max_tokens=n)
+    prepare(equal, progress=False)
+    assert load_meta(equal.dir).source_complete is False
+    assert load_meta(equal.dir).fingerprint != meta.fingerprint
+    with pytest.raises(DataError, match="max_tokens"):
+        ensure_prepared(replace(whole, max_tokens=n))
+
+    # A cap that stops mid-source matches that cap only; the message names it as the matching override.
+    half = replace(whole, dir=str(tmp_path / "half"), max_tokens=n // 2)
+    prepare(half, progress=False)
+    n_half = load_meta(half.dir).splits["train"].tokens
+    assert load_meta(half.dir).source_complete is False and n_half < n
+    assert ensure_prepared(half) == Path(half.dir)
+    for cap in (None, 10_600_000_000):
+        with pytest.raises(DataError, match=rf"max_tokens: {n // 2} there \(cut short by it at {n_half:,} train "
+                                            rf"tokens\), {cap} in the config\); to train on it as prepared, "
+                                            rf"override data.max_tokens={n // 2};"):
+            ensure_prepared(replace(half, max_tokens=cap))
+
+    # A cap reached by the source's very last document still read the whole source (one more document is asked for).
+    write_docs(tmp_path / "txt10", 10)
+    ten = DataConfig(source=str(tmp_path / "txt10"), dir=str(tmp_path / "ten"), tokenizer="gpt2", val_frac=0.2)
+    prepare(ten, progress=False)
+    ten_capped = replace(ten, dir=str(tmp_path / "ten_capped"), max_tokens=load_meta(ten.dir).splits["train"].tokens)
+    prepare(ten_capped, progress=False)
+    assert load_meta(ten_capped.dir).source_complete is True
+    assert load_meta(ten_capped.dir).fingerprint == load_meta(ten.dir).fingerprint
+    assert ensure_prepared(replace(ten_capped, max_tokens=None)) == Path(ten_capped.dir)
+
+    # An older meta.json (no source_complete): no cap, or a cap the train tokens stay under, read the whole source;
+    # a reached cap is taken as cutting it short (here wrongly, for ten_capped: conservative).
+    never = replace(whole, dir=str(tmp_path / "never"), max_tokens=n + 1)
+    prepare(never, progress=False)
+    for d in (whole, half, ten_capped, never):
+        raw = json.loads((Path(d.dir) / META_FILE).read_text())
+        del raw["source_complete"]
+        (Path(d.dir) / META_FILE).write_text(json.dumps(raw))
+        assert load_meta(d.dir).source_complete is None
+    assert ensure_prepared(replace(whole, max_tokens=10_600_000_000)) == Path(whole.dir)
+    assert ensure_prepared(replace(never, max_tokens=None)) == Path(never.dir)
+    for d in (half, ten_capped):
+        with pytest.raises(DataError, match=rf"cut short by it .* override data.max_tokens={d.max_tokens};"):
+            ensure_prepared(replace(d, max_tokens=None))
