@@ -142,13 +142,10 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
         step, tokens, skipped_steps = extra["step"], extra["tokens"], extra.get("skipped_steps", 0)
         loader.load_state_dict(extra["loader"])  # a global position: the same tokens per step on any layout
         if di.is_main:
-            change = layout_change(extra["loader"], loader)
-            print(f"resumed from {latest} at step {step}{change}")
-            moe, was = cfg.model.moe, extra["loader"].get("micro_batch", 0) * extra["loader"].get("world_size", 0)
-            if moe is not None and moe.balance == "aux" and moe.aux_coef > 0 and was != t.micro_batch * di.world_size:
-                print(f"warning: model.moe.balance=aux balances each forward's {t.micro_batch * di.world_size} "
-                      f"sequences (micro_batch × ranks; {was} before the resume): the aux term now groups the "
-                      "same tokens differently, the LM loss does not change", file=sys.stderr)
+            print(f"resumed from {latest} at step {step}{layout_change(extra['loader'], loader)}")
+            regrouped = aux_regrouped(cfg, extra["loader"], loader)
+            if regrouped:
+                print(f"warning: {regrouped}", file=sys.stderr)
 
     logger = RunLogger(run_dir, cfg, di.rank, t.steps, start_step=step)
     # The non-finite check lives on the device (runtime/guard.py): a step that does not log reads nothing on the host.
@@ -327,6 +324,18 @@ def layout_change(saved: dict, loader) -> str:
         return ""
     return (f" (written by {before[0]} rank(s) × micro_batch {before[1]}, now {after[0]} × {after[1]}: the model "
             "and optimizer were resharded, and every step reads the same tokens as before)")
+
+
+def aux_regrouped(cfg: RunConfig, saved: dict, loader) -> str:
+    """The resume's warning when a MoE's Switch aux loss now balances other groups of the same tokens: it balances
+    each forward's micro_batch × ranks sequences together (model/moe.py), so only a change of that product regroups
+    it. "" when nothing changes."""
+    moe, was, now = cfg.model.moe, saved.get("micro_batch", 0) * saved.get("world_size", 0), \
+        loader.micro_batch * loader.world_size
+    if moe is None or moe.balance != "aux" or moe.aux_coef == 0 or was == now:
+        return ""
+    return (f"model.moe.balance=aux balances each forward's {now} sequences (micro_batch × ranks; {was} before the "
+            "resume): the aux term now groups the same tokens differently, the tokens of every step do not change")
 
 
 def _last_eval(run_dir: Path) -> dict:

@@ -4,11 +4,13 @@ losses and weights within fp32 reduction-order differences; a layout that cannot
 before anything is touched."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 import train
-from config import ConfigError
+from config import ConfigError, load_config
 from test_moe_train import MOE, moe_state
 from test_train import args_for, data_dir, final_params, records, run_ranks  # noqa: F401 - data_dir is a fixture
 
@@ -68,19 +70,33 @@ def test_dense_muon_resumes_on_one_rank_then_two(data_dir, tmp_path, capsys, rec
     assert max(rel_diff(pr[n], pe[n]) for n in pr) < WEIGHT_REL_TOL
 
 
-def test_moe_adamw_resumes_on_one_rank_then_two(data_dir, tmp_path, capsys):  # noqa: F811
-    # balance=aux balances each forward over all ranks' sequences: 2 × 4 and 1 × 8 are the same groups, so the aux
-    # term is the same function of the same tokens, and no warning is due.
-    extra = (*MOE, "model.moe.balance=aux", "optim.name=adamw", "train.steps=9", "train.eval_every=100")
+def test_moe_adamw_resumes_on_one_rank_then_two(data_dir, tmp_path):  # noqa: F811
+    """The aux-loss-free balancing bias, its load counters and the z-loss carry over: the bias moves by ±rate per
+    expert and step from the step's loads, summed over ranks and micro-batches, so it is the same on any layout."""
+    extra = (*MOE, "model.moe.balance=bias", "model.moe.bias_rate=0.01", "model.moe.z_coef=1e-3",
+             "optim.name=adamw", "train.steps=9", "train.eval_every=100")
     ref = args_for(data_dir, tmp_path, "ref", "train.ckpt_every=3", *extra)
     run_ranks(2, ref)
-    last = elastic(data_dir, tmp_path, "elastic", extra, middle_micro=8, last_micro=4)
-    assert "aux term now groups" not in capsys.readouterr().err
+    last = elastic(data_dir, tmp_path, "elastic", extra, middle_micro=8, last_micro=2)  # accumulation 1, 1, 2
     assert_same_tokens_and_close_losses(tmp_path / "ref", tmp_path / "elastic")
     r, e = records(tmp_path / "ref", "train"), records(tmp_path / "elastic", "train")
-    assert max(abs(a["aux_loss"] - b["aux_loss"]) for a, b in zip(r, e)) < LOSS_TOL
+    assert [a["moe/L1/max_share"] for a in r] == [b["moe/L1/max_share"] for b in e]  # the same loads every step
     sr, se = moe_state(tmp_path / "ref", ref), moe_state(tmp_path / "elastic", last)
+    bias = "layers.0.mlp.expert_bias"
+    assert sr[bias].abs().sum() > 0 and torch.equal(sr[bias], se[bias])  # ±rate steps from equal loads: exact
     assert max(rel_diff(sr[n], se[n]) for n in sr if sr[n].is_floating_point() and sr[n].norm() > 0) < WEIGHT_REL_TOL
+
+
+def test_the_switch_aux_loss_warns_only_when_its_groups_change(data_dir):  # noqa: F811
+    """balance=aux balances each forward over all ranks' sequences together: 2 ranks × 4 and 1 × 8 are the same
+    groups (no warning), 2 × 2 are not."""
+    cfg = load_config(["configs/tiny_moe.yaml"], ["model.moe.balance=aux"])
+    saved = {"world_size": 2, "micro_batch": 4}
+    assert train.aux_regrouped(cfg, saved, SimpleNamespace(world_size=1, micro_batch=8)) == ""
+    warning = train.aux_regrouped(cfg, saved, SimpleNamespace(world_size=2, micro_batch=2))
+    assert "balances each forward's 4 sequences (micro_batch × ranks; 8 before the resume)" in warning
+    bias = load_config(["configs/tiny_moe.yaml"], ["model.moe.balance=bias"])
+    assert train.aux_regrouped(bias, saved, SimpleNamespace(world_size=2, micro_batch=2)) == ""
 
 
 def test_a_layout_that_does_not_divide_the_global_batch_is_refused(data_dir, tmp_path):  # noqa: F811
