@@ -86,6 +86,7 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
 
     from data.loader import TrainLoader, batch_digest, read_meta, resolve_prefetch, val_batches
     from data.prepare import ensure_prepared
+    from data.shards import load_meta
     from optim import clip_grad_norm, lr_at, set_lr
     from runtime.build import build_training_model
     from runtime.checkpoint import latest_checkpoint, load_checkpoint, load_extra, save_checkpoint
@@ -155,9 +156,10 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
     sync_each = t.grad_reduce == "micro_batch" or accum == 1
     planned = t.steps * tokens_per_step / loader.tokens_per_epoch  # passes over the training data
     if planned > 1 and di.is_main:
+        more = "a larger source" if load_meta(cfg.data.dir).holds_whole_source() else "data.max_tokens, a larger source"
         print(f"warning: {t.steps} steps × {tokens_per_step:,} tokens read the {loader.tokens_per_epoch:,} training "
-              f"tokens of {cfg.data.dir} {planned:.2f} times; prepare more (data.max_tokens, a larger source) "
-              "for a single pass", file=sys.stderr)
+              f"tokens of {cfg.data.dir} {planned:.2f} times; prepare more ({more}) for a single pass",
+              file=sys.stderr)
     flops_per_token = model.flops_per_token(cfg.data.seq_len)
     peak = peak_flops(di.device)
     val_sets = {"val": cfg.data.dir, **{Path(p).name: p for p in cfg.data.val_sets}}  # names checked unique
