@@ -152,6 +152,7 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
     # The non-finite check lives on the device (runtime/guard.py): a step that does not log reads nothing on the host.
     guard = NonFiniteGuard(t.on_nonfinite, t.max_consecutive_skips, di.device, step=step, skipped=skipped_steps)
     chunk = t.loss_chunk_tokens  # None: by device (model/loss.py, default_chunk_tokens)
+    loss_dtype = torch.promote_types(next(model.parameters()).dtype, torch.float32)  # fp64 runs log fp64 losses
     # train.grad_reduce=step: FSDP2 reduce-scatters once per optimizer step, after the last micro-batch's backward
     sync_each = t.grad_reduce == "micro_batch" or accum == 1
     planned = t.steps * tokens_per_step / loader.tokens_per_epoch  # passes over the training data
@@ -214,7 +215,7 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
             lr = lr_at(step, t.steps, cfg.optim.lr, cfg.schedule)
             set_lr(optimizer, lr)
             epochs_before = loader.epochs_done
-            sums = torch.zeros(2, device=di.device, dtype=torch.float32)  # (LM loss, MoE aux terms) over the step
+            sums = torch.zeros(2, device=di.device, dtype=loss_dtype)  # (LM loss, MoE aux terms) over the step
             digest = torch.zeros((), device=di.device, dtype=torch.int64)  # names the step's tokens (data/loader.py)
             for i in range(accum):
                 x, y = loader.next_batch()  # (micro, seq_len) int64 each, on the device (an async copy)
@@ -224,7 +225,7 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
                 loss = model(x, y, loss_chunk=chunk)  # fused LM head + loss (model/loss.py)
                 aux = model.aux_loss()  # MoE balancing terms of this forward, already weighted (0 when dense)
                 ((loss + aux) / accum).backward()  # every micro-batch has the same token count
-                sums += torch.stack([loss.detach(), aux.detach()]).float() / accum
+                sums += torch.stack([loss.detach(), aux.detach()]).to(loss_dtype) / accum
             grad_norm = clip_grad_norm(model.parameters(), cfg.optim.grad_clip)  # global: the same on every rank
             # The mean losses of all ranks, on the device (fp64 on the wire): every rank's guard decides alike.
             # The batch digests ride along: their sum names the global batch (exact in fp64, batch_digest).
