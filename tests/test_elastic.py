@@ -19,7 +19,7 @@ from test_train import args_for, data_dir, records, run_ranks  # noqa: F401 - da
 # What one rank count against another may differ by. Only the order of the sums over rows changes with the layout
 # (the loss over the step's 256 token rows, each gradient's sum over them, the all-reduce); each such sum differs by
 # ≲ sqrt(n)·u relative (n ≤ 256, u the unit roundoff), and training carries that forward. In fp32 (u = 2⁻²⁴), over
-# 9 steps, the loss then stays within a few rounding errors of |loss| ≈ 6: a few 1e-6 (measured 7e-7).
+# 9 steps, the loss then stays within a few rounding errors of |loss| ≈ 6: a few 1e-6 (measured 5e-7, MoE).
 # FP32_LOSS_TOL is 10× that; a step trained on one other window moves the loss by ~1e-2, and batch_digest must match
 # exactly anyway. fp32 weights get no elementwise bound: Adam maps a gradient that cancels to ~1e-8 (where the
 # rounding is a large part of it) to an update of ±lr·O(1), so an isolated entry can differ by a whole step (a 40-step
