@@ -28,7 +28,10 @@ def test_transformers_llama_matches(tmp_path, n_kv_heads, scale):
     tokens = torch.randint(0, 128, (2, 17), generator=gen)
     with torch.no_grad():
         ours, theirs = model(tokens), hf(tokens).logits
-    assert ((ours - theirs).norm() / ours.norm()).item() <= 1e-5
+    # both float32, the same math in other kernels: ≤ K·ε per reduction, K ≤ 192 (the padded FFN hidden; d 64, vocab
+    # 128, 17 tokens), 8 chained (tests/test_ffn_padding.py's tolerance): 8·K·ε ≈ 1.8e-4 normwise. A mis-mapped
+    # norm or a missing fold (vectors drawn in 0.5–1.5) is O(1e-1).
+    assert ((ours - theirs).norm() / ours.norm()).item() <= 8 * 192 * torch.finfo(torch.float32).eps
 
 
 def test_cli_refuses_dnp(tmp_path, capsys):

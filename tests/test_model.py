@@ -79,6 +79,8 @@ def test_init_equals_baseline(name):
     """Every vector starts at γ = 1, so with the same W every design without an inner Norm is the baseline."""
     ref = logits_of(preset_model_cfg("baseline"), TOKENS)
     out = logits_of(preset_model_cfg(name), TOKENS)
+    # float64: γ = 1 multiplies exactly; OR's β·√d·α/‖α‖ is 1 to a few u₆₄ (u = 2⁻⁵³), carried through 2 blocks of
+    # K ≤ 67-term reductions: ≲ 1e-14. 1e-12 keeps two orders; a γ ≠ 1 at init is ≥ 1e-2 off
     assert ((out - ref).norm() / ref.norm()).item() <= 1e-12
 
 
@@ -87,7 +89,7 @@ def test_reparam_alone_equals_baseline_at_init(reparam):
     cfg = preset_model_cfg("baseline")
     cfg = replace(cfg, scale=replace(cfg.scale, reparam=reparam))
     ref = logits_of(preset_model_cfg("baseline"), TOKENS)
-    assert ((logits_of(cfg, TOKENS) - ref).norm() / ref.norm()).item() <= 1e-12
+    assert ((logits_of(cfg, TOKENS) - ref).norm() / ref.norm()).item() <= 1e-12  # as above
 
 
 def randomize_vectors(model: Llama, seed: int = 1) -> None:
@@ -109,7 +111,7 @@ def test_dnp_on_qk_is_explicit_qk_norm():
         per_head = pre.view(2, 5, -1, hd)
         qk_norm = per_head / per_head.pow(2).mean(-1, keepdim=True).add(cfg.norm_eps).sqrt()
         expected = qk_norm.flatten(-2) * proj.out_scale()
-        torch.testing.assert_close(proj(h), expected, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(proj(h), expected, rtol=1e-12, atol=1e-12)  # float64, 32-term sums: ~1e-15
 
 
 # ----------------------------------------------------------------------------------------------- folding
@@ -130,6 +132,8 @@ def test_folding_preserves_logits(name):
     plain.load_state_dict(model.folded_state_dict())
     with torch.no_grad():
         ref, out = model(TOKENS), plain(TOKENS)
+    # float64: folding rounds each W·diag(γ) entry (u₆₄), and 2 blocks of ≤ 67-term reductions carry it (≲ 1e-14);
+    # 1e-10 allows the random γ ∈ [0.5, 1.5] to condition the network 10⁴× worse. A missing fold is O(1e-1).
     assert ((out - ref).norm() / ref.norm()).item() <= 1e-10
 
 
@@ -211,7 +215,8 @@ def test_dnp_lm_head_normalizes_over_vocab():
     model = build_model(preset_model_cfg("unified"), dtype=torch.float64)
     with torch.no_grad():
         logits = model(TOKENS)
-    torch.testing.assert_close(logits.pow(2).mean(-1), torch.ones(2, 11, dtype=torch.float64), rtol=0, atol=2e-3)  # eps
+    # not rounding: the Norm's ε. mean(y²) = ms/(ms + ε) = 1 − ε/(ms + ε) ≥ 1 − 2e-3 for the pre-norm logits' ms ≥ 5e-3
+    torch.testing.assert_close(logits.pow(2).mean(-1), torch.ones(2, 11, dtype=torch.float64), rtol=0, atol=2e-3)
 
 
 def test_init_is_independent_of_world_and_reproducible():
@@ -222,7 +227,9 @@ def test_init_is_independent_of_world_and_reproducible():
     c = build_model(cfg, seed=4)
     assert not torch.equal(a.lm_head.weight, c.lm_head.weight)
     std = a.layers[0].attn.o_proj.weight.std().item()
-    assert abs(std - cfg.init_std / 2.0) < 0.2 * cfg.init_std  # depth scaling: 1/sqrt(2·n_layers) = 1/2
+    # depth scaling 1/sqrt(2·n_layers) = 1/2; statistics, not rounding: a 32×32 sample's std is within
+    # 1/√(2·1024) ≈ 2 % of σ (one standard error), 0.2·σ is ~9 of them, and no scaling (σ) or 1/n_layers² is 50 % off
+    assert abs(std - cfg.init_std / 2.0) < 0.2 * cfg.init_std
 
 
 def test_flops_per_token():
@@ -257,11 +264,11 @@ def test_scaled_linear_either_side_equals_the_formula(rows, inner):
         got = lin(x)
         y = (x * lin.in_scale()) @ lin.weight.T
         ref = (lin.inner(y) if inner else y) * lin.out_scale()
-        torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)  # float64, ≤ 8-term sums: ~1e-15
         g = torch.randn_like(ref)
         grads = torch.autograd.grad(got, [x, *lin.parameters()], g)
         ref_grads = torch.autograd.grad(ref, [x, *lin.parameters()], g)
-        for a, b in zip(grads, ref_grads):
+        for a, b in zip(grads, ref_grads):  # ≤ 64-term sums (rows) with cancellation (Norm): 1e-10 relative
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
