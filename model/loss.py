@@ -13,9 +13,14 @@ so the step holds one chunk's logits plus grad_h (N, d) and one fp32 gradient pe
 head's matmuls exactly once each (no recomputation). The chunk runs the real modules (`torch.func.functional_call`
 with detached leaves), so every design's head is covered by the code that defines it in model/scaling.py.
 Rows are whole vocabulary rows: DNP's inner Norm over the vocabulary needs all of a row's logits.
+
+The head weight's gradient, the largest (V × d: 50,304 × 768), is added straight into its fp32 buffer by the chunk's
+matmul (`_HeadMatmul`: buffer += Gᵀ x with `addmm_`) rather than formed as a fresh (V, d) tensor per chunk and then
+added; every other gradient (h, the vectors, the norms) comes from autograd.
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -73,11 +78,82 @@ def _cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Ten
 
 
 def _chunk_loss_sum(modules: tuple[nn.Module, nn.Module], params: tuple[dict, dict], h_c: torch.Tensor,
-                    targets_c: torch.Tensor) -> torch.Tensor:
-    """Σ CE over one chunk, through the real modules with `params` (detached leaves) in place of theirs."""
+                    targets_c: torch.Tensor, weight_grad: Optional[torch.Tensor], mode: str) -> torch.Tensor:
+    """Σ CE over one chunk, through the real modules with `params` (detached leaves) in place of theirs. With
+    `weight_grad` (the head weight's fp32 gradient buffer), the head's matmul is `_HeadMatmul`, whose backward adds
+    the chunk's weight gradient into it (`mode`: how, `_weight_grad_mode`)."""
     x_c = functional_call(modules[0], params[0], (h_c,))
-    logits = functional_call(modules[1], params[1], (x_c,))  # (n, V): one chunk's logits only
+    kwargs = {} if weight_grad is None else {"matmul": lambda x, w: _HeadMatmul.apply(x, w, weight_grad, mode)}
+    logits = functional_call(modules[1], params[1], (x_c,), kwargs)  # (n, V): one chunk's logits only
     return _cross_entropy_sum(logits, targets_c)
+
+
+class _HeadMatmul(torch.autograd.Function):
+    """y = x Wᵀ, x: (n, d), W: (V, d) → (n, V), whose backward returns ∂L/∂x = G W as autograd's would and adds W's
+    gradient Gᵀ x (V, d) into `weight_grad` instead of returning it (W gets None): one GEMM into the fp32 buffer,
+    no (V, d) temporary. ScaledLinear hands it the stored weight itself (no vector folded in), so Gᵀ x is the
+    parameter's whole gradient; the head's vectors get theirs from autograd around this op."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, weight_grad: torch.Tensor, mode: str) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        ctx.weight_grad, ctx.mode = weight_grad, mode
+        return F.linear(x, w)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):  # g: (n, V)
+        x, w = ctx.saved_tensors
+        _add_gemm()(ctx.weight_grad, g.t(), x, ctx.mode)
+        return (g.mm(w) if ctx.needs_input_grad[0] else None), None, None, None
+
+
+_ADD_GEMM: dict[str, Callable] = {}
+
+
+def _add_gemm() -> Callable:
+    """The op acc += a b (`how`: `_weight_grad_mode`), as a custom op that declares its mutation: compiled, the
+    buffer is updated in place, where a traced `addmm_` is functionalized into a fresh (V, d) product and a copy."""
+    if "op" not in _ADD_GEMM:  # registered on first use: no import-time side effects (DESIGN.md principle 4)
+        @torch.library.custom_op("scalevec::add_gemm_", mutates_args=("acc",))
+        def add_gemm_(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, how: str) -> None:
+            # `how`, not `mode`: the compiled graph's wrapper of a mutating op takes a `mode` of its own
+            if how == "addmm_":
+                acc.addmm_(a, b)
+            elif how == "out_dtype":
+                torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
+            else:  # "add": the product in the operands' dtype, as autograd's linear backward forms it, then added
+                acc += a.mm(b)
+        _ADD_GEMM["op"] = add_gemm_
+    return _ADD_GEMM["op"]
+
+
+@functools.cache
+def _fp32_out_gemm(device: torch.device) -> bool:
+    """Whether this device's addmm adds a bf16 product into an fp32 buffer in place, `torch.addmm(acc, a, b,
+    out_dtype=torch.float32, out=acc)`: CUDA's cuBLAS path has it (torch 2.11 accepts the fp32 `acc`; earlier
+    kernels wanted it bf16, hence the probe); CPU has no kernel for it (torch 2.11, 2.13). Probed once per device;
+    the probe's dtype checks run on the host, so it reads nothing back."""
+    if device.type != "cuda":
+        return False
+    acc, a = torch.zeros(2, 2, device=device), torch.ones(2, 2, device=device, dtype=torch.bfloat16)
+    try:
+        torch.addmm(acc, a, a, out_dtype=torch.float32, out=acc)
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+    return True
+
+
+def _weight_grad_mode(operand: torch.dtype, acc: torch.Tensor) -> str:
+    """How `_HeadMatmul` adds Gᵀ x (operands of dtype `operand`) into the fp32 buffer `acc`, chosen once per step:
+    "addmm_" in place where the dtypes match (fp32 and fp64 models, any device); "out_dtype" in place for bf16/fp16
+    operands where the device's GEMM writes fp32 (CUDA), a product never rounded to bf16, so closer to the exact
+    sum than the plain path's bf16 gradient; else "add": the product in the operands' dtype, then added — the
+    arithmetic autograd's path had (bf16 on CPU)."""
+    if operand == acc.dtype:
+        return "addmm_"
+    if operand in (torch.bfloat16, torch.float16) and acc.dtype == torch.float32 and _fp32_out_gemm(acc.device):
+        return "out_dtype"
+    return "add"
 
 
 _COMPILED: dict[str, Callable] = {}
@@ -107,18 +183,31 @@ class _FusedHeadLoss(torch.autograd.Function):
         by_module = [{n: next(rest) for n in module_names} for module_names in names]
         grad_h = torch.empty_like(h) if ctx.needs_input_grad[0] else None  # (N, d)
         grad_params = [torch.zeros_like(p, dtype=_acc(p.dtype)) if w else None for p, w in zip(params, wants)]
-        wrt_params = [leaf for leaf, w in zip(leaves, wants) if w]
+        # The head weight's gradient goes into its buffer in place, by _HeadMatmul's backward, unless the head folds
+        # a vector into W at this chunk size (AP/DP's u once a chunk has ≥ d rows: ScaledLinear.folds); then W's
+        # gradient passes through the fold, is not the matmul's Gᵀx, and comes from autograd and `acc += g` like
+        # every other parameter's. In place, W's leaf still requires grad and is asked for (its "gradient" is None,
+        # hence allow_unused) so that the backward runs even when nothing before the matmul wants a gradient.
+        i_w = len(names[0]) + list(names[1]).index("weight")
+        in_place = grad_params[i_w] is not None and not any(modules[1].folds(min(chunk, n_rows)))
+        weight_grad = grad_params[i_w] if in_place else None
+        mode = _weight_grad_mode(params[i_w].dtype, weight_grad) if in_place else ""
+        if in_place:
+            _add_gemm()  # registered here, in eager: a compiled chunk's backward only calls it
+        wrt = [(i, leaf) for i, (leaf, w) in enumerate(zip(leaves, wants)) if w]
         loss = torch.zeros((), dtype=_acc(h.dtype), device=h.device)
         for s in range(0, n_rows, chunk):
             h_c = h[s:s + chunk].detach().requires_grad_(grad_h is not None)  # (n, d)
             with torch.enable_grad():
-                sum_c = fn(modules, by_module, h_c, targets[s:s + chunk])  # Σ CE over the chunk's rows
-            inputs = ([h_c] if grad_h is not None else []) + wrt_params
-            grads = list(torch.autograd.grad(sum_c, inputs, grad_outputs=inv_rows)) if inputs else []
+                sum_c = fn(modules, by_module, h_c, targets[s:s + chunk], weight_grad, mode)  # Σ CE over the rows
+            inputs = ([h_c] if grad_h is not None else []) + [leaf for _, leaf in wrt]
+            grads = list(torch.autograd.grad(sum_c, inputs, grad_outputs=inv_rows, allow_unused=in_place)
+                         if inputs else ())
             if grad_h is not None:
                 grad_h[s:s + chunk] = grads.pop(0)
-            for acc, g in zip((a for a in grad_params if a is not None), grads):
-                acc += g  # fp32 accumulation over chunks
+            for (i, _), g in zip(wrt, grads):
+                if not (in_place and i == i_w):
+                    grad_params[i] += g  # fp32 accumulation over chunks
             loss += sum_c.detach() * inv_rows
         ctx.save_for_backward(grad_h, *[g for g in grad_params if g is not None])
         ctx.has_grad_h, ctx.wants = grad_h is not None, wants

@@ -12,7 +12,7 @@ present vector — never a diag() matrix or the product u vᵀ ⊙ W.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
@@ -166,18 +166,20 @@ class ScaledLinear(nn.Module):
     def logical_shape(self) -> tuple[int, int]:
         return self.d_out, self.d_in
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, matmul: Optional[Callable] = None) -> torch.Tensor:
         """x: (..., d_in) → (..., d_out).
 
         A vector multiplies whichever side is smaller: u ⊙ (W (v ⊙ x)) = (diag(u) W diag(v)) x exactly, and for a
         block matrix W (d_out × d_in) is far smaller than a micro-batch's rows x (N × d_in), so v and u (without an
         inner Norm) scale W's columns and rows instead of N rows of activations — fewer FLOPs, and backward keeps
         the one shared normalized input rather than one scaled copy per branch (HG). The LM head (W: vocab × d)
-        scales its activations. DESIGN.md's rule stands: no diag() matrices, no u vᵀ outer product."""
+        scales its activations. DESIGN.md's rule stands: no diag() matrices, no u vᵀ outer product.
+
+        `matmul(x, W)` → x Wᵀ stands in for F.linear, for a caller that forms W's gradient itself (the fused LM
+        head + loss, model/loss.py, accumulates it in place): then no vector folds into W, so `matmul` gets the
+        stored weight and W's gradient is exactly Gᵀ (v ⊙ x), G the gradient of the matmul's output."""
         w = self.weight.to(x.dtype)  # .to: a no-op except for the MoE router, which runs in fp32 on bf16 weights
-        rows = x.numel() // self.d_in_padded
-        fold_in = self.in_scale is not None and rows >= self.d_out_padded
-        fold_out = self.out_scale is not None and self.inner is None and rows >= self.d_in_padded
+        fold_in, fold_out = self.folds(x.numel() // self.d_in_padded) if matmul is None else (False, False)
         if fold_in:
             w = w * self.in_scale()  # W diag(v): (d_out_padded, d_in)
         elif self.in_scale is not None:
@@ -185,12 +187,19 @@ class ScaledLinear(nn.Module):
         u = pad_last(self.out_scale(), self.d_out_padded) if self.out_scale is not None else None  # (d_out_padded,)
         if fold_out:
             w = w * u[:, None]  # diag(u) W
-        y = F.linear(x, w)  # (..., d_out_padded)
+        y = F.linear(x, w) if matmul is None else matmul(x, w)  # (..., d_out_padded)
         if self.inner is not None:
             y = self.inner(y)
         if u is not None and not fold_out:
             y = y * u
         return y
+
+    def folds(self, rows: int) -> tuple[bool, bool]:
+        """Whether a forward over `rows` rows scales W by v (its columns) and by u (its rows) rather than the
+        activations: the smaller side, as forward explains. Where it does, W's gradient passes through the fold."""
+        fold_in = self.in_scale is not None and rows >= self.d_out_padded
+        fold_out = self.out_scale is not None and self.inner is None and rows >= self.d_in_padded
+        return fold_in, fold_out
 
     @torch.no_grad()
     def folded_weight(self, extra_in: Optional[torch.Tensor] = None) -> torch.Tensor:
