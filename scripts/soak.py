@@ -1,7 +1,7 @@
 """Kill soak: a 2-rank CPU run SIGKILLed at random moments (some while a checkpoint is being written) and restarted
 with the same command each time (or on the other number of ranks), then compared with an uninterrupted run.
 
-    python -m scripts.soak --minutes 30 --out runs/soak      # the report in docs/reliability.md
+    python -m scripts.soak --minutes 25 --out runs/soak      # the report in docs/reliability.md
     python -m scripts.soak --episodes 1 --kills 2            # a short soak (tests/test_soak.py runs one)
 
 An episode is one training run: an uninterrupted reference (once per seed), then the same command under kills
