@@ -238,6 +238,9 @@ RESUMABLE_CHANGES = ("log.", "train.eval_every", "train.eval_tokens", "train.ckp
                      "train.grad_reduce", "train.loader_prefetch",
                      # the layout: the loader's position is global (data/loader.py), DCP reshards the rest
                      "train.micro_batch",
+                     # a cap is checked against the prepared dir by what it keeps (data.prepare.caps_agree), and the
+                     # loader refuses a dir whose tokens differ from the checkpoint's (its fingerprint)
+                     "data.max_tokens",
                      "train.activation_checkpointing", "train.reshard_after_forward", "train.fsdp_prefetch",
                      "optim.muon.distributed", "data.val_sets",
                      # storage only: the checkpoint loader moves the logical FFN weights across any padding
