@@ -14,7 +14,8 @@ from config import ConfigError, load_config
 from test_moe_train import MOE, moe_state
 from runtime.checkpoint import latest_checkpoint
 from scripts.soak import checkpoint_tensors
-from test_train import args_for, data_dir, records, run_ranks  # noqa: F401 - data_dir is a fixture
+from multiproc import free_port, spawn
+from test_train import _error_worker, args_for, data_dir, records, run_ranks  # noqa: F401 - data_dir is a fixture
 
 # What one rank count against another may differ by. Only the order of the sums over rows changes with the layout
 # (the loss over the step's 256 token rows, each gradient's sum over them, the all-reduce); each such sum differs by
@@ -101,9 +102,27 @@ def test_the_switch_aux_loss_warns_only_when_its_groups_change(data_dir):  # noq
     assert train.aux_regrouped(bias, saved, SimpleNamespace(world_size=2, micro_batch=2)) == ""
 
 
-def test_a_layout_that_does_not_divide_the_global_batch_is_refused(data_dir, tmp_path):  # noqa: F811
-    """3 ranks cannot split a global batch of 8: refused with the numbers and the rank counts that would work, before
-    the checkpoint is read (so nothing of the run changes)."""
+def test_a_resume_onto_three_ranks_is_refused_and_changes_nothing(data_dir, tmp_path):  # noqa: F811
+    """A run checkpointed on 2 ranks, restarted on 3 with a global batch of 8: every rank stops with the message
+    before the checkpoint is read, and the run directory is left as it was (the same command on 2 ranks goes on)."""
+    argv = args_for(data_dir, tmp_path, "r", "train.steps=3", "train.ckpt_every=1")
+    run_ranks(2, ["--stop-at-step", "1", *argv])
+    run_dir = tmp_path / "r"
+    before = {p: p.stat().st_mtime_ns for p in run_dir.rglob("*") if p.is_file()}
+    spawn(_error_worker, (3, free_port(), argv, tmp_path), nprocs=3)
+    for rank in range(3):
+        assert (tmp_path / f"rank{rank}.txt").read_text() == (
+            "ConfigError: train.global_batch: 8 is not a multiple of micro_batch × world size = 4 × 3 = 12; no "
+            "micro_batch fits 3 ranks; run on a number of ranks that divides 8 (1, 2, 4, 8) (the global batch is the "
+            "experiment: keep it to resume a run)")
+    assert {p: p.stat().st_mtime_ns for p in run_dir.rglob("*") if p.is_file()} == before
+    run_ranks(2, argv)
+    assert [r["step"] for r in records(run_dir, "train")] == [1, 2, 3]
+
+
+def test_a_layout_that_does_not_divide_the_global_batch_is_refused():
+    """3 ranks cannot split a global batch of 8, nor micro-batches of 3 on 2 ranks: refused with the numbers and
+    what would fit."""
     with pytest.raises(ConfigError, match=r"train.global_batch: 8 is not a multiple of micro_batch × world size = "
                                           r"4 × 3 = 12; no micro_batch fits 3 ranks; run on a number of ranks that "
                                           r"divides 8 \(1, 2, 4, 8\)"):
