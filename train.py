@@ -84,7 +84,7 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
     import numpy as np
     import torch.distributed as dist
 
-    from data.loader import TrainLoader, batch_digest, read_meta, resolve_prefetch, val_batches
+    from data.loader import TrainLoader, batch_digest, resolve_prefetch, val_batches
     from data.prepare import ensure_prepared
     from data.shards import load_meta
     from optim import clip_grad_norm, lr_at, set_lr
@@ -114,8 +114,8 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
     dist.broadcast_object_list(problem, src=0)
     if problem[0] is not None:
         raise problem[0]
-    meta = read_meta(cfg.data.dir)
-    cfg = dataclasses.replace(cfg, model=resolve_vocab(cfg, n_vocab=meta["n_vocab"]))
+    meta = load_meta(cfg.data.dir)
+    cfg = dataclasses.replace(cfg, model=resolve_vocab(cfg, n_vocab=meta.tokenizer["n_vocab"]))
 
     # ---- batch shape: global = micro × world × accumulation
     accum = accumulation_steps(t.global_batch, t.micro_batch, di.world_size)
@@ -157,7 +157,7 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
     sync_each = t.grad_reduce == "micro_batch" or accum == 1
     planned = t.steps * tokens_per_step / loader.tokens_per_epoch  # passes over the training data
     if planned > 1 and di.is_main:
-        more = "a larger source" if load_meta(cfg.data.dir).holds_whole_source() else "data.max_tokens, a larger source"
+        more = "a larger source" if meta.holds_whole_source() else "data.max_tokens, a larger source"
         print(f"warning: {t.steps} steps × {tokens_per_step:,} tokens read the {loader.tokens_per_epoch:,} training "
               f"tokens of {cfg.data.dir} {planned:.2f} times; prepare more ({more}) for a single pass",
               file=sys.stderr)
@@ -333,8 +333,8 @@ def aux_regrouped(cfg: RunConfig, saved: dict, loader) -> str:
     """The resume's warning when a MoE's Switch aux loss now balances other groups of the same tokens: it balances
     each forward's micro_batch × ranks sequences together (model/moe.py), so only a change of that product regroups
     it. "" when nothing changes."""
-    moe, was, now = cfg.model.moe, saved.get("micro_batch", 0) * saved.get("world_size", 0), \
-        loader.micro_batch * loader.world_size
+    moe = cfg.model.moe
+    was, now = saved.get("micro_batch", 0) * saved.get("world_size", 0), loader.micro_batch * loader.world_size
     if moe is None or moe.balance != "aux" or moe.aux_coef == 0 or was == now:
         return ""
     return (f"model.moe.balance=aux balances each forward's {now} sequences (micro_batch × ranks; {was} before the "

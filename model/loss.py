@@ -131,16 +131,18 @@ def _add_gemm() -> Callable:
 def _fp32_out_gemm(device: torch.device) -> bool:
     """Whether this device's addmm adds a bf16 product into an fp32 buffer in place, `torch.addmm(acc, a, b,
     out_dtype=torch.float32, out=acc)`: CUDA's cuBLAS path has it (torch 2.11 accepts the fp32 `acc`; earlier
-    kernels wanted it bf16, hence the probe); CPU has no kernel for it (torch 2.11, 2.13). Probed once per device;
-    the probe's dtype checks run on the host, so it reads nothing back."""
+    kernels wanted it bf16, hence the probe); CPU has no kernel for it (torch 2.11, 2.13). Probed once per device,
+    at the first fused-head backward: a torch that refuses the call (its dtype checks raise on the host) or returns
+    a wrong sum gets False, and the head then adds a bf16 product as autograd's own path does — the arithmetic it
+    had before, so the fallback changes no number. The check of the sum is the one host read, once per process."""
     if device.type != "cuda":
         return False
-    acc, a = torch.zeros(2, 2, device=device), torch.ones(2, 2, device=device, dtype=torch.bfloat16)
+    acc, a = torch.ones(2, 2, device=device), torch.ones(2, 2, device=device, dtype=torch.bfloat16)
     try:
         torch.addmm(acc, a, a, out_dtype=torch.float32, out=acc)
-    except (RuntimeError, TypeError, NotImplementedError):
+    except (RuntimeError, TypeError, NotImplementedError):  # no such kernel or signature in this torch
         return False
-    return True
+    return bool((acc == 3).all())  # 1 + (1·1 + 1·1), added into the fp32 buffer itself
 
 
 def _weight_grad_mode(operand: torch.dtype, acc: torch.Tensor) -> str:
