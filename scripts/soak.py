@@ -48,11 +48,11 @@ def kinds_of(episode: int) -> tuple[str, ...]:
     return KINDS if episode % 2 == 0 else KINDS[:2]
 # The runs are fp64. Bit-exact resume holds in any dtype; fp64 is for the episodes that change their rank count,
 # where only the order of the sums over rows changes (the loss, each gradient's sum over the step's 512 rows, the
-# all-reduce): each differs by ≲ sqrt(n)·u relative, u = 2⁻⁵³ ≈ 1.1e-16, and 40 steps of training grow that
-# (×40 measured in fp32) to ~1e-14 in loss and weights. The bounds are 1e4× that. fp32 cannot be bounded this way:
-# Adam maps a gradient that cancels to ~1e-8, where fp32 rounding is a large part of it, to an update of ±lr·O(1),
-# so an isolated weight can differ by whole steps (a 16-minute fp32 soak, 6 episodes: one embedding entry 8e-3
-# apart, the loss 4e-5).
+# all-reduce): each differs by ≲ sqrt(n)·u relative, u = 2⁻⁵³ ≈ 1.1e-16, and 40 steps of training grow that to
+# ~1e-14 in loss and weights (measured ≤ 2e-14, docs/reliability.md). The bounds are 1e4× that. fp32 cannot be
+# bounded this way: Adam maps a gradient that cancels to ~1e-8, where fp32 rounding is a large part of it, to an
+# update of ±lr·O(1), so an isolated weight can differ by whole steps (this soak in fp32: a weight tensor 1.7e-3 of
+# its norm apart, the loss 4e-5).
 LOSS_TOL = 1e-10
 TENSOR_REL_TOL = 1e-10  # each weight tensor, relative to its norm
 OPTIM_ABS_TOL = 1e-10  # optimizer moments, absolute: every entry is ≤ 1 (gradients are clipped to norm ≤ 1), and a
