@@ -1,7 +1,10 @@
 """Multi-rank tests on CPU: free ports and a spawn that cannot hang CI (DESIGN.md traps 1–2)."""
 from __future__ import annotations
 
+import faulthandler
+import os
 import socket
+import sys
 import time
 
 import torch.multiprocessing as mp
@@ -13,10 +16,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _rank_entry(rank: int, fn, *args) -> None:
+    """A rank's body, then a plain exit. faulthandler prints every thread's Python stack if the rank dies on a signal
+    (a SIGABRT from C++ names where it came from). After fn returns, the rank's work is on disk (train.main closes
+    its files in `finally`), and os._exit skips interpreter finalization, where PyTorch's process-group and FSDP2
+    objects can still abort ("terminate called without an active exception", DESIGN.md trap 1; CI saw a rank of the
+    six-run tests/test_grad_reduce.py end on SIGABRT) — a teardown these tests do not test. An exception in fn
+    still propagates, so mp.spawn reports it as before."""
+    faulthandler.enable(all_threads=True)
+    fn(rank, *args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def spawn(fn, args: tuple, nprocs: int, timeout: float = 300.0) -> None:
     """torch.multiprocessing.spawn with a deadline: a rank stuck in a collective fails the test instead of
     hanging the suite. A rank's exception is re-raised, as with mp.spawn."""
-    ctx = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="spawn")
+    ctx = mp.start_processes(_rank_entry, args=(fn, *args), nprocs=nprocs, join=False, start_method="spawn")
     deadline = time.monotonic() + timeout
     while not ctx.join(timeout=2):
         if time.monotonic() > deadline:
