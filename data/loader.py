@@ -4,7 +4,12 @@ Training windows. A window is seq_len + 1 contiguous tokens starting at a multip
 (x = the first seq_len, y = the last seq_len, so every token but a shard's first is a target exactly once per
 epoch); windows never cross a shard boundary. Number them 0..W-1 in shard order.
 
-Order. Epoch e visits the windows in the order `permutation(W)` of numpy's PCG64 seeded with (seed, e). The
+Order. Epoch e visits the windows in the order of a keyed bijection of [0, W), `window_order`: a Feistel network
+over the smallest even-bit domain ≥ W with round keys from numpy's PCG64 seeded with (seed, e), cycle-walked back
+into [0, W). Position i of the epoch reads window π_e(i), computed for just the rows of a batch: no per-epoch array,
+so memory and start-up stay flat however large the data (106B tokens are 103M windows of 1,024: a materialized
+int64 permutation would be 0.8 GB per rank per cached epoch, and seconds to draw). Checkpoints written before
+(state versions 1–2) resume in the order they started with, numpy's `permutation(W)` seeded with (seed, e). The
 epochs are laid end to end as one global stream; global step k takes the micro_batch × world_size consecutive
 positions [k·B·ws, (k+1)·B·ws), and rank r takes positions k·B·ws + i·ws + r for i < B. Hence, for any world
 size: ranks are disjoint, every window appears exactly once per epoch across ranks, no window is ever dropped,
@@ -35,6 +40,7 @@ On CUDA the host batch is pinned and its copy to the device asynchronous (with o
 from __future__ import annotations
 
 import atexit
+import functools
 import queue
 import threading
 import weakref
@@ -46,7 +52,8 @@ import torch
 
 from data.shards import DataError, Meta, load_meta, open_shard
 
-STATE_VERSION = 2  # 1: the per-rank micro-batch count `step` (resumes anywhere too: position = step·B·ws)
+STATE_VERSION = 3  # 1: the per-rank micro-batch count `step` (position = step·B·ws); 1–2: the materialized order
+FEISTEL_ROUNDS = 6  # ≥ 4 makes a Feistel network a pseudo-random permutation (Luby–Rackoff); 6 for margin
 PREFETCH_DEPTH = 2  # batches gathered ahead of the trainer at most: one hides a gather, two absorb jitter
 _POLL_S = 0.1  # how often a blocked producer looks for close() or a garbage-collected loader
 
@@ -106,6 +113,48 @@ def _open_split(data_dir: Path, meta: Meta, split: str) -> list[np.ndarray]:
     return arrays
 
 
+# splitmix64's constants (Steele, Lea & Flood 2014): golden-ratio increment, then the finalizer's multipliers/shifts
+_MIX = tuple(np.uint64(c) for c in (0x9E3779B97F4A7C15, 30, 0xBF58476D1CE4E5B9, 27, 0x94D049BB133111EB, 31))
+
+
+@functools.lru_cache(maxsize=64)
+def _round_keys(seed: int, epoch: int) -> tuple[np.uint64, ...]:
+    keys = np.random.default_rng([seed, epoch]).integers(0, 2**63, size=FEISTEL_ROUNDS, dtype=np.int64)
+    return tuple(np.uint64(k) for k in keys)
+
+
+def window_order(idx: np.ndarray, n: int, seed: int, epoch: int) -> np.ndarray:
+    """π(idx) for the keyed bijection π of [0, n) that orders epoch `epoch` (module docstring). idx: int64 array of
+    positions in [0, n); returns the window ids, same shape. A balanced Feistel network on 2h-bit integers
+    (2^2h ≥ n, so the domain is < 4n) is a bijection of [0, 2^2h) for any round function; applying it again to the
+    values that land at or above n (cycle walking) restricts it to a bijection of [0, n), in ≤ 4 rounds on average.
+    The round function mixes (half, key) with splitmix64's finalizer, in wrapping uint64 arithmetic."""
+    idx = np.asarray(idx, dtype=np.int64)
+    if n <= 1:
+        return np.zeros_like(idx)
+    half = max(1, ((n - 1).bit_length() + 1) // 2)
+    mask, shift = np.uint64((1 << half) - 1), np.uint64(half)
+    keys = _round_keys(seed, epoch)
+
+    def feistel(x: np.ndarray) -> np.ndarray:
+        left, right = x >> shift, x & mask
+        for k in keys:
+            z = (right ^ k) * _MIX[0]
+            z = (z ^ (z >> _MIX[1])) * _MIX[2]
+            z = (z ^ (z >> _MIX[3])) * _MIX[4]
+            z ^= z >> _MIX[5]
+            left, right = right, left ^ (z & mask)
+        return (left << shift) | right
+
+    out = idx.astype(np.uint64)
+    todo = np.arange(out.size)
+    flat = out.reshape(-1)
+    while todo.size:
+        flat[todo] = feistel(flat[todo])
+        todo = todo[flat[todo] >= np.uint64(n)]
+    return out.astype(np.int64)
+
+
 class TrainLoader:
     """Batches (x, y) of int64 tensors (micro_batch, seq_len) on `device` for one rank; see the module docstring.
     With prefetch, call `close()` (or use it as a context manager) when done; a forgotten loader's thread still
@@ -130,6 +179,7 @@ class TrainLoader:
                             "tokens; use a smaller seq_len or more data")
         self._first = np.concatenate([[0], np.cumsum(per_shard)])  # first global window id of each shard
         self.step = 0  # micro-batches the trainer has consumed (identical on every rank); prefetched ones not
+        self.order = "feistel"  # "permutation" once a checkpoint of state version 1–2 is loaded
         self._perms: dict[int, np.ndarray] = {}
         self._perms_lock = threading.Lock()  # the producer thread and the caller may both fill the cache
         self.device = torch.device(device)
@@ -154,12 +204,18 @@ class TrainLoader:
         return int(self._positions(self.step)[0] // self.n_windows)
 
     def permutation(self, epoch: int) -> np.ndarray:
+        """The materialized order of checkpoints from state versions 1–2 (module docstring), cached per epoch."""
         with self._perms_lock:
             if epoch not in self._perms:
-                if len(self._perms) >= 4:  # a batch spans at most a few epochs; keep memory flat
+                if len(self._perms) >= 4:  # a batch spans at most a few epochs
                     self._perms.pop(min(self._perms))
                 self._perms[epoch] = np.random.default_rng([self.seed, epoch]).permutation(self.n_windows)
             return self._perms[epoch]
+
+    def _order(self, epoch: int, idx: np.ndarray) -> np.ndarray:
+        if self.order == "permutation":
+            return self.permutation(epoch)[idx]
+        return window_order(idx, self.n_windows, self.seed, epoch)
 
     def _positions(self, step: int) -> np.ndarray:
         b, ws = self.micro_batch, self.world_size
@@ -172,7 +228,7 @@ class TrainLoader:
         out = np.empty_like(pos)
         for e in np.unique(epochs):  # one or two epochs per batch
             sel = epochs == e
-            out[sel] = self.permutation(int(e))[idx[sel]]
+            out[sel] = self._order(int(e), idx[sel])
         return out
 
     def gather(self, step: int) -> torch.Tensor:
@@ -244,7 +300,7 @@ class TrainLoader:
         run's layout, for the resume message: a resume may change them (module docstring)."""
         return {"version": STATE_VERSION, "position": self.position, "epoch": self.epoch, "seed": self.seed,
                 "seq_len": self.seq_len, "fingerprint": self.fingerprint, "world_size": self.world_size,
-                "micro_batch": self.micro_batch}
+                "micro_batch": self.micro_batch, "order": self.order}
 
     def load_state_dict(self, sd: dict) -> None:
         """Continue at the saved global position, on this loader's world size and micro-batch. Refused, with a
@@ -252,7 +308,7 @@ class TrainLoader:
         the position does not fall on a micro-batch boundary of this layout (it always does when the global batch
         is unchanged and divisible, as train.py requires)."""
         version = sd.get("version", 1)
-        if version not in (1, STATE_VERSION):
+        if version not in (1, 2, STATE_VERSION):
             raise DataError(f"loader state version {version} is newer than this code reads ({STATE_VERSION}); "
                             "resume with the version of scalevec that wrote the checkpoint")
         if sd.get("fingerprint") != self.fingerprint:
@@ -273,6 +329,10 @@ class TrainLoader:
                             f"run's micro_batch × world_size = {self.micro_batch} × {self.world_size} = {per_batch}: "
                             "no micro-batch of this layout starts there; resume with a layout that divides it")
         self.close()  # batches gathered ahead belong to the old position
+        self.order = sd.get("order", "permutation")  # versions 1–2 drew the materialized permutation
+        if self.order not in ("feistel", "permutation"):
+            raise DataError(f"loader state has window order {self.order!r}, which this code does not know; resume "
+                            "with the version of scalevec that wrote the checkpoint")
         self.step = position // per_batch
 
     def __repr__(self) -> str:

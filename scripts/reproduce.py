@@ -10,10 +10,11 @@ directory, `<out-dir>/<run name>[-tiny][-s<seed>]`: a finished one is skipped an
 same command continues an interrupted reproduction. At the end the figure is drawn from the runs' metrics.jsonl
 (scripts/plot.py: curves, Δ-loss against each panel's reference, mean and band over seeds, the terminal-delta table).
 
---scale tiny layers configs/proxy/tiny.yaml over each run (the built-in corpus, 16 × 256-token batches, compiled
-bf16) with a width of d_model/6 rounded to a multiple of 32 (Llama-0.12B → 128, heads of 32) and 4.69e-5 of the
-paper's tokens (Llama-0.12B's 20k steps → 120): the same comparisons at a size where one run takes about a minute
-on 2 CPU cores. `python -m scripts.results` runs the measured reproduction of docs/results.md on this proxy.
+--scale tiny layers configs/proxy/tiny.yaml over each run (the built-in corpus in a 1,024-token BPE, sequences of
+256, compiled bf16) at the run's proxy shape (repro/proxy.py: width d_model/12 rounded to a multiple of 32, heads of
+32; Llama-0.12B → d 64, 4 layers), with its batch and steps sized to 10.5 tokens per compute parameter in ≥ 1,000
+steps: the same comparisons at a size where one dense run takes one to two minutes on 2 CPU cores.
+`python -m scripts.results` runs the measured reproduction of docs/results.md on this proxy.
 """
 from __future__ import annotations
 
@@ -25,13 +26,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing import Optional
+
 from config import ConfigError, load_config
+from repro.proxy import PROXY, Shape, run_overrides
 from scripts.figures import FIGURES, Figure
-
-TINY = Path("configs/proxy/tiny.yaml")
-TINY_TOKEN_FRACTION = 120 * 16 * 256 / (20_000 * 512 * 1024)  # Llama-0.12B: 20k steps → 120
-TINY_HEAD_DIM = 32
-
 
 @dataclass(frozen=True)
 class Job:
@@ -46,35 +45,23 @@ def jobs(fig: Figure, scale: str, seeds: int, out_dir: str, overrides: list[str]
 
 
 def make_job(fig: Figure, run: str, scale: str, seed: int, seeds: int, out_dir: str, overrides: list[str] = (),
-             suffix: str = "") -> Job:
-    """One (run, seed) of a figure. `overrides` come last (they win over the proxy's sizes); `suffix` tells apart
-    the run directories of a run changed by them (scripts/results.py's lr grid: "-lr2e-3")."""
+             suffix: str = "", shape: Optional[Shape] = None) -> Job:
+    """One (run, seed) of a figure. At --scale tiny the run becomes its CPU proxy (repro/proxy.py) at `shape`
+    (default: the run's own proxy shape). `overrides` come last (they win over the proxy's sizes); `suffix` tells
+    apart the run directories of a run changed by them or by `shape` (scripts/results.py: "-lr2e-3", "-d32L4")."""
     path = Path(os.path.relpath(fig.config(run)))  # as a user would type it from the repository root
     cfg = load_config(path)
     name = cfg.log.run_name + ("-tiny" if scale == "tiny" else "") + suffix + (f"-s{seed}" if seeds > 1 else "")
     argv = ["--config", str(path)]
     extra = [f"log.out_dir={out_dir}", f"log.run_name={name}"]
     if scale == "tiny":
-        argv += ["--config", str(TINY)]
-        extra += [*tiny_sizes(cfg), f"log.wandb.group=fig{fig.number}-tiny"]
+        reference = next(p.curves[0] for p in fig.panels if run in p.curves)
+        factor = cfg.train.steps / load_config(fig.config(reference)).train.steps
+        argv += ["--config", str(PROXY)]
+        extra += [*run_overrides(path, cfg, shape, factor, tuple(overrides)), f"log.wandb.group=fig{fig.number}-tiny"]
     if seeds > 1:
         extra.append(f"train.seed={seed}")
     return Job(run, seed, name, argv + extra + list(overrides))
-
-
-def tiny_sizes(cfg) -> list[str]:
-    """The proxy's width, heads and steps for a paper run: width d_model/6 rounded to a multiple of 32 (heads of 32;
-    Llama-0.12B → 128), and 4.69e-5 of the run's tokens in the proxy's batches (Llama-0.12B's 10.5B → 120 steps of
-    16 × 256; a 4 × 512-sequence run gets 4 × the steps). A d_ffn the run sets keeps its offset from the default
-    int(8d/3) (Fig. 10's Llama-large: + 8)."""
-    d = max(64, TINY_HEAD_DIM * round(cfg.model.d_model / 6 / TINY_HEAD_DIM))
-    tiny = load_config(TINY)
-    tokens = cfg.train.steps * cfg.train.global_batch * cfg.data.seq_len * TINY_TOKEN_FRACTION
-    steps = max(30, round(tokens / (tiny.train.global_batch * tiny.data.seq_len)))
-    out = [f"model.d_model={d}", f"model.n_heads={d // TINY_HEAD_DIM}", f"train.steps={steps}"]
-    if cfg.model.d_ffn is not None:
-        out.append(f"model.d_ffn={int(8 * d / 3) + cfg.model.d_ffn - int(8 * cfg.model.d_model / 3)}")
-    return out
 
 
 def command(job: Job, scale: str, nproc: int) -> list[str]:

@@ -1,6 +1,6 @@
 """The measured small-scale reproduction of the paper's Figures 1, 5, 6, 8 and 9: every run, then docs/results.md.
 
-    python -m scripts.results                       # run what is missing (6 seeds each), then write docs/results.md
+    python -m scripts.results                       # run what is missing (4 seeds each), then write docs/results.md
     python -m scripts.results --page-only           # rewrite the page from the runs as they are, run nothing
     python -m scripts.results --dry-run             # list the runs and their commands
     python -m scripts.results --seeds 8 -- key=value   # more seeds; key=value after -- goes to every run
@@ -29,7 +29,8 @@ from typing import Optional
 
 from config import ConfigError, load_config, resolve_vocab, resume_conflicts
 from scripts.figures import FIGURES
-from scripts.reproduce import TINY_HEAD_DIM, Job, command, launch, make_job
+from repro.proxy import DENSE_LADDER, MOE_LADDER, Shape
+from scripts.reproduce import Job, command, launch, make_job
 
 ROOT = Path(__file__).resolve().parent.parent
 WIKITEXT_SOURCE = ROOT.parent / "shared" / "data" / "wikitext-2-raw-test" / "wiki.test.raw"
@@ -41,9 +42,10 @@ class Curve:
     label: str  # the name in the page
     figure: str  # configs/figures/fig<figure>/<run>.yaml
     run: str
-    overrides: tuple[str, ...] = ()  # on top of the proxy's sizes (an lr of the grid, a width of the ladder)
-    suffix: str = ""  # tells apart the run directories of one figure run under different overrides
+    overrides: tuple[str, ...] = ()  # on top of the proxy's sizes (an lr of the grid)
+    suffix: str = ""  # tells apart the run directories of one figure run under different overrides or shapes
     paper_delta: Optional[float] = None  # the paper's terminal Δ to the comparison's reference (PAPER.md §4)
+    shape: Optional[Shape] = None  # the proxy shape (repro/proxy.py); None: the run's own (paper_shape)
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,7 @@ class Comparison:
     title: str
     cite: str  # where the paper's numbers come from
     curves: tuple[Curve, ...]  # curves[0] is the reference of every Δ
-    kind: str = "panel"  # panel | lr_grid (Fig. 1) | ladder (Fig. 6)
+    kind: str = "panel"  # panel | lr_grid (Fig. 1) | ladder (Figs. 6, 7: baseline, unified per rung)
 
 
 # The paper's terminal deltas (PAPER.md §4.4, Fig. 5), each against its panel's first curve.
@@ -63,10 +65,12 @@ FIG5_DELTAS = {
                            "hg_dnp_er": -0.0238},
     "weight decay": {"hg_dnp_er": +0.0008, "hg_dnp_or_iwd": -0.0009, "hg_dnp_er_iwd": -0.0004},
 }
-FIG6_DELTAS = {"0.12b": -0.0331, "0.25b": -0.0244, "0.5b": -0.0416}  # PAPER.md §4.5
-FIG6_MULTIPLIER = 1.22  # PAPER.md §4.5: equal-loss compute ratio of the fitted power laws
+FIG6_DELTAS = {"0.12b": -0.0331, "0.25b": -0.0244, "0.5b": -0.0416, "0.75b": -0.0373, "1b": -0.0148}  # PAPER.md §4.5
+FIG7_DELTAS = {"0.25b": -0.0305, "0.5b": -0.0209, "0.8b": -0.0499, "1b": -0.0236, "2b": -0.0207}  # PAPER.md §4.6
+FIG6_MULTIPLIER, FIG7_MULTIPLIER = 1.22, 1.25  # PAPER.md §4.5, §4.6: equal-loss compute ratio of the fitted laws
 FIG1_SAME_LR, FIG1_BEST_LR = +0.0285, +0.0149  # PAPER.md §4.1: without − with scale vectors
-FIG8_DELTA, FIG9_DELTA = -0.0156, -0.0269  # PAPER.md §4.7, §4.8: Dense-0.12B, unified − baseline
+FIG8_DELTA, FIG8_MOE_DELTA = -0.0156, -0.0188  # PAPER.md §4.7: Dense-0.12B, MoE-0.5B, unified − baseline
+FIG9_DELTA, FIG9_MOE_DELTA = -0.0269, -0.0186  # PAPER.md §4.8
 
 
 @dataclass
@@ -74,54 +78,57 @@ class Plan:
     """What the page needs, in the order the runs go."""
     seeds: int
     lrs: tuple[float, ...] = (2e-3, 4e-3, 8e-3)
-    widths: tuple[int, ...] = (64, 96, 128)
-    overrides: tuple[str, ...] = ()  # for every run, under each curve's own (an lr of the grid, a rung's width)
+    overrides: tuple[str, ...] = ()  # for every run, under each curve's own (an lr of the grid)
     comparisons: list[Comparison] = field(default_factory=list)
 
     def __post_init__(self):
         if not self.comparisons:
-            self.comparisons = default_comparisons(self.lrs, self.widths, self.overrides)
+            self.comparisons = default_comparisons(self.lrs)
 
 
-def default_comparisons(lrs: tuple[float, ...], widths: tuple[int, ...], overrides: tuple[str, ...] = ()
-                        ) -> list[Comparison]:
+def pair(figure: str, run: str, paper_delta: Optional[float], shape: Optional[Shape] = None) -> tuple[Curve, Curve]:
+    """A figure's baseline and unified runs of one size (`run` is their common prefix, e.g. "0.12b")."""
+    suffix = f"-{shape.label.replace(' ', '')}" if shape else ""
+    label = f" {shape.label}" if shape else ""
+    return (Curve(f"baseline{label}", figure, f"{run}_baseline", suffix=suffix, shape=shape),
+            Curve(f"unified{label}", figure, f"{run}_unified", suffix=suffix, paper_delta=paper_delta, shape=shape))
+
+
+def mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values)
+
+
+def default_comparisons(lrs: tuple[float, ...]) -> list[Comparison]:
     out = [Comparison(f"fig5-{p.title.replace(' ', '_')}", f"Fig. 5, {p.title}", "PAPER.md §4.4",
                       tuple(Curve(c, "5", c, paper_delta=FIG5_DELTAS[p.title].get(c)) for c in p.curves))
            for p in FIGURES["5"].panels]
-    out.append(Comparison("fig6-ladder", "Fig. 6, unified vs baseline over a ladder of proxy sizes", "PAPER.md §4.5",
-                          tuple(Curve(f"{strategy} d{w}", "6", f"0.12b_{strategy}", ladder_sizes(w, overrides), f"-d{w}")
-                                for w in widths for strategy in ("baseline", "unified")), kind="ladder"))
-    out.append(Comparison("fig8-muon", "Fig. 8, Muon (lr 5e-3)", "PAPER.md §4.7",
-                          (Curve("baseline", "8", "0.12b_baseline"),
-                           Curve("unified", "8", "0.12b_unified", paper_delta=FIG8_DELTA))))
-    out.append(Comparison("fig9-wsd", "Fig. 9, WSD schedule (AdamW, lr 3e-3)", "PAPER.md §4.8",
-                          (Curve("baseline", "9", "0.12b_baseline"),
-                           Curve("unified", "9", "0.12b_unified", paper_delta=FIG9_DELTA))))
     out.append(Comparison("fig1-lr_grid", "Fig. 1, with and without scale vectors over an lr grid", "PAPER.md §4.1",
                           tuple(Curve(f"{name} lr {lr_text(lr)}", "1", run, (f"optim.lr={lr_text(lr)}",), f"-lr{lr_text(lr)}")
                                 for lr in lrs for name, run in (("baseline", "baseline"), ("none", "none_lr4e-3"))),
                           kind="lr_grid"))
+    # A ladder rung has no paper size of its own: its Δ is compared with the mean of the paper's sizes.
+    out.append(Comparison("fig6-ladder", "Fig. 6, unified vs baseline over a ladder of dense proxy sizes",
+                          "PAPER.md §4.5",
+                          tuple(c for shape in DENSE_LADDER for c in pair("6", "0.12b", mean(FIG6_DELTAS.values()), shape)),
+                          kind="ladder"))
+    out.append(Comparison("fig8-muon", "Fig. 8, Muon, dense (lr 5e-3)", "PAPER.md §4.7", pair("8", "0.12b", FIG8_DELTA)))
+    out.append(Comparison("fig9-wsd", "Fig. 9, WSD schedule, dense (AdamW, lr 3e-3)", "PAPER.md §4.8",
+                          pair("9", "0.12b", FIG9_DELTA)))
+    out.append(Comparison("fig8-muon_moe", "Fig. 8, Muon, MoE (lr 4e-3)", "PAPER.md §4.7",
+                          pair("8", "moe_0.5b", FIG8_MOE_DELTA)))
+    out.append(Comparison("fig9-wsd_moe", "Fig. 9, WSD schedule, MoE (AdamW, lr 2e-3)", "PAPER.md §4.8",
+                          pair("9", "moe_0.5b", FIG9_MOE_DELTA)))
+    out.append(Comparison("fig7-ladder", "Fig. 7, unified vs baseline over a ladder of Llama-MoE proxy sizes",
+                          "PAPER.md §4.6",
+                          tuple(c for shape in MOE_LADDER for c in pair("7", "0.5b", mean(FIG7_DELTAS.values()), shape)),
+                          kind="ladder"))
     return out
 
 
 def lr_text(lr: float) -> str:
     """2e-3, not 0.002: as the paper and the configs write an lr."""
     return f"{lr:.0e}".replace("e-0", "e-").replace("e+0", "e")
-
-
-def ladder_sizes(width: int, overrides: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """A rung of Fig. 6's proxy ladder: Llama-0.12B's proxy at another width, 4 layers, heads of 32, with its
-    tokens scaled by its compute parameters (N without the input embedding, PAPER.md §3.6) so that every rung
-    sees the same tokens per parameter, as the paper's ladder does (≈ 100, PAPER.md §3.1)."""
-    from scripts.reproduce import TINY, tiny_sizes
-    from scripts.scaling_law import compute_params
-    path = FIGURES["6"].config("0.12b_baseline")
-    sizes = tiny_sizes(load_config(path))
-    ref = load_config([path, TINY], [*sizes, *overrides])
-    cfg = load_config([path, TINY], [*sizes, *overrides, f"model.d_model={width}",
-                                     f"model.n_heads={width // TINY_HEAD_DIM}"])
-    steps = max(2, round(ref.train.steps * compute_params(cfg) / compute_params(ref)))
-    return f"model.d_model={width}", f"model.n_heads={width // TINY_HEAD_DIM}", f"train.steps={steps}"
 
 
 # ------------------------------------------------------------------------------------------------------ the runs
@@ -153,7 +160,7 @@ def plan_runs(plan: Plan, out_dir: str) -> tuple[list[Unique], dict[tuple[str, i
         for comp in plan.comparisons:
             for curve in comp.curves:
                 job = make_job(FIGURES[curve.figure], curve.run, "tiny", seed, plan.seeds, out_dir,
-                               [*plan.overrides, *curve.overrides], curve.suffix)
+                               [*plan.overrides, *curve.overrides], curve.suffix, curve.shape)
                 key = experiment_key(config_of(job))
                 unique = by_key.setdefault(key, Unique(job, key))
                 where[(f"{comp.key}/{curve.label}", seed)] = Path(out_dir) / unique.job.run_name
@@ -226,14 +233,13 @@ def prepare_wikitext(train_dir: str, out: Path, source: Optional[Path]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", type=int, default=6, help="runs per curve, seeds 0..N-1 (init and data order)")
+    p.add_argument("--seeds", type=int, default=4, help="runs per curve, seeds 0..N-1 (init and data order)")
     p.add_argument("--out-dir", default="runs/results", help="parent of the run directories")
     p.add_argument("--page", type=Path, default=ROOT / "docs" / "results.md", help="the page to write; its plots "
                    "go to img/results/ beside it")
     p.add_argument("--lrs", default="2e-3,4e-3,8e-3", help="Fig. 1's lr grid, for both models")
-    p.add_argument("--widths", default="64,96,128", help="Fig. 6's proxy ladder: d_model of each rung")
     p.add_argument("--wikitext", type=Path, help="WikiText-2's raw test file (default: ../shared's copy)")
-    p.add_argument("--wikitext-dir", default="data_cache/wikitext2_bpe8192", help="its prepared eval-only set")
+    p.add_argument("--wikitext-dir", default="data_cache/wikitext2_bpe1024", help="its prepared eval-only set")
     p.add_argument("--dry-run", action="store_true", help="print the runs' commands, run nothing")
     p.add_argument("--page-only", action="store_true", help="write the page from the runs as they are")
     p.add_argument("overrides", nargs="*", help="key=value overrides for every run (after --)")
@@ -241,13 +247,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.seeds < 1:
         p.error("--seeds must be at least 1")
     try:
-        lrs, widths = tuple(float(x) for x in args.lrs.split(",")), tuple(int(x) for x in args.widths.split(","))
+        lrs = tuple(float(x) for x in args.lrs.split(","))
     except ValueError as e:
-        p.error(f"--lrs / --widths: {e}")
+        p.error(f"--lrs: {e}")
     overrides = (f"data.val_sets=[{args.wikitext_dir}]", "log.wandb.mode=disabled", *args.overrides)
     out_dir = Path(args.out_dir)
     try:
-        plan = Plan(args.seeds, lrs, widths, overrides)
+        plan = Plan(args.seeds, lrs, overrides)
         uniques, where = plan_runs(plan, args.out_dir)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)

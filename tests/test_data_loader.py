@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 from data.loader import (PREFETCH_DEPTH, TrainLoader, batch_digest, read_meta, resolve_prefetch, val_batches,
-                         val_tokens_used)
+                         val_tokens_used, window_order)
 from data.shards import DataError, Meta, ShardInfo, SplitInfo, shard_name, write_meta, write_shard
 
 GPT2_INFO = {"spec": "gpt2", "name": "gpt2", "ranks_hash": "x" * 64, "n_vocab": 50257, "eot": 50256}
@@ -82,10 +83,34 @@ def test_every_window_exactly_once_per_epoch_across_ranks(tmp_path, ws):
 def test_order_is_fixed_by_seed_and_epoch(tmp_path):
     d = make_dir(tmp_path, train=[2000])
     a, b, c = (TrainLoader(d, 16, 4, seed=s) for s in (0, 0, 1))
-    assert np.array_equal(a.permutation(3), b.permutation(3))
-    assert not np.array_equal(a.permutation(3), c.permutation(3))
-    assert not np.array_equal(a.permutation(0), a.permutation(1))
+    ids = np.arange(a.n_windows)
+    assert np.array_equal(a._order(3, ids), b._order(3, ids))
+    assert not np.array_equal(a._order(3, ids), c._order(3, ids))
+    assert not np.array_equal(a._order(0, ids), a._order(1, ids))
     assert a.tokens_per_epoch == (1999 // 16) * 16
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 64, 65, 1000, 4096, 4097, 30_011])
+def test_window_order_is_a_bijection(n):
+    for seed, epoch in ((0, 0), (7, 3)):
+        assert np.array_equal(np.sort(window_order(np.arange(n), n, seed, epoch)), np.arange(n))
+
+
+def test_window_order_looks_shuffled_and_needs_no_array():
+    """No structure a training run would notice: consecutive positions land on unrelated windows, and two epochs'
+    orders share about 1/n of their fixed points; and the order of 103M windows (106B tokens of 1,024) is computed
+    for one batch without allocating anything of the data's size (a permutation array would be 0.8 GB)."""
+    n = 100_000
+    order = window_order(np.arange(n), n, 0, 0)
+    assert abs(np.corrcoef(order[:-1], order[1:])[0, 1]) < 5 / np.sqrt(n)  # 5 sd of a correlation of unrelated pairs
+    assert abs(np.corrcoef(np.arange(n), order)[0, 1]) < 5 / np.sqrt(n)
+    assert (order == window_order(np.arange(n), n, 0, 1)).sum() < 10  # expected 1 shared fixed point
+    big = 103_000_000
+    tracemalloc.start()
+    ids = window_order(np.arange(5_000_000, 5_000_016), big, 0, 2)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 64 * 1024 and len(set(ids.tolist())) == 16 and 0 <= ids.min() and ids.max() < big
 
 
 def wait_until_ahead(loader: TrainLoader) -> None:
@@ -272,17 +297,20 @@ def test_state_mismatches_are_refused(tmp_path):
     with pytest.raises(DataError, match=r"position \(4 windows, written by world_size=2 × micro_batch=2\) is not a "
                                         r"multiple of this run's micro_batch × world_size = 1 × 3 = 3"):
         TrainLoader(d, 16, 1, 0, 3).load_state_dict(state)
-    with pytest.raises(DataError, match="version 3 is newer"):
-        TrainLoader(d, 16, 2, 0, 2).load_state_dict({**state, "version": 3})
+    with pytest.raises(DataError, match="version 4 is newer"):
+        TrainLoader(d, 16, 2, 0, 2).load_state_dict({**state, "version": 4})
+    with pytest.raises(DataError, match="window order 'zigzag'"):
+        TrainLoader(d, 16, 2, 0, 2).load_state_dict({**state, "order": "zigzag"})
 
 
 def global_batches(d, seq_len: int, global_batch: int, micro: int, world: int, seed: int, steps: range,
-                   state: dict | None = None) -> tuple[list[torch.Tensor], dict]:
+                   state: dict | None = None, order: str = "feistel") -> tuple[list[torch.Tensor], dict]:
     """Each optimizer step's global batch as the set of its rows (sorted), read by `world` loaders of `micro` rows
-    with global_batch // (micro · world) micro-batches per step, resumed from `state` (any layout's); and the
-    state after the last step (rank 0's)."""
+    with global_batch // (micro · world) micro-batches per step, resumed from `state` (any layout's) or started in
+    `order`; and the state after the last step (rank 0's)."""
     loaders = [TrainLoader(d, seq_len, micro, r, world, seed) for r in range(world)]
     for loader in loaders:
+        loader.order = order
         if state is not None:
             loader.load_state_dict(state)
     accum = global_batch // (micro * world)
@@ -300,21 +328,24 @@ def batch_digest_rows(rows: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("layouts", [[(2, 2), (1, 4), (2, 1)], [(4, 1), (1, 1), (2, 2)]])
 def test_a_resume_on_another_layout_reads_the_same_global_batches(tmp_path, layouts):
     """World size and micro-batch change at two resumes (2 ranks → 1 rank with twice the micro-batch → 2 ranks …);
-    every optimizer step's global batch holds exactly the windows of an uninterrupted 1-rank run's, across epochs,
-    and the old state format (version 1: the per-rank step) resumes onto another layout at the same position."""
+    every optimizer step's global batch holds exactly the windows of an uninterrupted 1-rank run's, across epochs.
+    A run started by older code (state versions 1 and 2: the materialized permutation order; version 1 also counted
+    the per-rank step) goes on in its own order, onto another layout, at the same position."""
     d = make_dir(tmp_path, train=[300, 211])  # 31 windows of 16: a global batch of 4 rows crosses epochs every ~8
-    ref, _ = global_batches(d, 16, 4, 4, 1, 5, range(24))
-    got, state = [], None
-    for (world, micro), steps in zip(layouts, (range(0, 7), range(7, 15), range(15, 24))):
-        if state is not None and world == 1:  # the version-1 state of the same position
-            state = {"version": 1, "step": state["position"] // (state["micro_batch"] * state["world_size"]),
-                     **{k: state[k] for k in ("epoch", "seed", "world_size", "micro_batch", "seq_len", "fingerprint")}}
-        part, state = global_batches(d, 16, 4, micro, world, 5, steps, state)
-        got += part
-    assert len(got) == len(ref) == 24
-    for k, (a, b) in enumerate(zip(ref, got)):
-        assert torch.equal(a, b), f"step {k}"
-    assert state["position"] == 24 * 4
+    for order in ("feistel", "permutation"):
+        ref, _ = global_batches(d, 16, 4, 4, 1, 5, range(24), order=order)
+        got, state = [], None
+        for (world, micro), steps in zip(layouts, (range(0, 7), range(7, 15), range(15, 24))):
+            if state is not None and order == "permutation":  # the old formats of the same position
+                old = {k: state[k] for k in ("epoch", "seed", "world_size", "micro_batch", "seq_len", "fingerprint")}
+                state = ({"version": 1, "step": state["position"] // (state["micro_batch"] * state["world_size"]),
+                          **old} if world == 1 else {"version": 2, "position": state["position"], **old})
+            part, state = global_batches(d, 16, 4, micro, world, 5, steps, state, order)
+            got += part
+        assert len(got) == len(ref) == 24
+        for k, (a, b) in enumerate(zip(ref, got)):
+            assert torch.equal(a, b), f"{order}: step {k}"
+        assert state["position"] == 24 * 4 and state["order"] == order
 
 
 def test_batch_digest_names_the_rows_not_their_order():

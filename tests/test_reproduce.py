@@ -7,6 +7,7 @@ import shlex
 import pytest
 
 from config import load_config
+from repro import proxy
 from scripts import reproduce
 from scripts.figures import FIGURES
 from test_train import data_dir  # noqa: F401 - a fixture
@@ -26,10 +27,15 @@ def test_dry_run_prints_loadable_commands(fig, scale, capsys, monkeypatch):
         cfg = load_config([b for a, b in zip(cmd, cmd[1:]) if a == "--config"], [a for a in cmd if "=" in a[1:]
                                                                                    and not a.startswith("--")])
         names.add(cfg.log.run_name)
-        if scale == "tiny":  # the built-in corpus, a proxy width with heads of 32, 4.69e-5 of the paper's tokens
+        if scale == "tiny":  # the built-in corpus, a proxy width with heads of 32, ≥ 10 tokens per parameter
             assert cfg.data.source == "builtin:pd_english" and cfg.data.max_tokens is None
-            assert 64 <= cfg.model.d_model <= 320 and cfg.model.d_model == 32 * cfg.model.n_heads
-            assert 120 <= cfg.train.steps <= 1200 and cfg.log.wandb.group.endswith("-tiny")
+            assert 32 <= cfg.model.d_model <= 160 and cfg.model.d_model == 32 * cfg.model.n_heads
+            assert cfg.log.wandb.group.endswith("-tiny")
+            tokens = cfg.train.steps * cfg.train.global_batch * cfg.data.seq_len
+            assert tokens >= 10 * proxy.compute_params(cfg) and cfg.train.steps >= 1000
+            assert tokens <= 4 * proxy.BUILTIN_BPE1024_TRAIN_TOKENS  # ≤ 4 passes over the corpus
+            # warmup 5 % of the steps; Fig. 1's longer runs (1.2×, 1.4×) keep their reference's warmup
+            assert 0.035 * cfg.train.steps <= cfg.schedule.warmup_steps <= 0.055 * cfg.train.steps
             assert cfg.model.ffn_dim - int(8 * cfg.model.d_model / 3) in (0, 8)  # Fig. 10's Llama-large: + 8
     assert len(names) == len(commands)
 

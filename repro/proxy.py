@@ -1,0 +1,193 @@
+"""How a paper run becomes a CPU proxy run: the proxy's shapes, and the steps and batch that size each run by its
+tokens per parameter (issue: results v2).
+
+The ratio that decides what a run measures is tokens per parameter: the paper's Llama-0.12B sees 10.5B tokens on
+81.1M compute parameters (≈ 130; PAPER.md §3.1, §3.6), and a run stopped at 0.2 measures only how fast a design
+leaves the starting line. Every proxy run therefore trains on TOKENS_PER_PARAM × N tokens, N counted as the paper's
+compute axis counts it (every parameter but the input embedding; for MoE the total, not the activated ones; PAPER.md
+§3.6), over at least MIN_STEPS optimizer steps, with a warmup of WARMUP_FRAC of them (the paper's 1,000 of 20,000
+for the 0.12B model), reading the built-in corpus at most MAX_PASSES times. N is the *baseline strategy's* at the
+run's shape, so every strategy of a comparison trains on the same tokens (the paper compares at equal tokens); the
+few thousand extra scale parameters of a design (HG, DNP, OR; 1.5 % at the dense proxy) leave it above 10.
+
+Shapes, measured on 2 CPU cores (AMD EPYC, torch 2.13), one run at a time: 150 steps of 12 × 256 tokens, the range
+of train.py's own tok/s over the last 50 steps, from
+
+    python train.py --config configs/tiny_cpu.yaml --config configs/scale/baseline.yaml model.d_model=64 \
+        model.n_heads=2 data.dir=data_cache/pd_english_bpe1024 data.tokenizer=bpe:1024 train.global_batch=12 \
+        train.micro_batch=12 train.steps=150 schedule.warmup_steps=10 train.eval_every=1000 train.ckpt_every=1000
+
+with the row's changes (MoE: `--config configs/tiny_moe.yaml` first, `model.moe.n_experts=8 model.moe.top_k=2`):
+
+    d 64, 4 layers, BPE 2048, compiled bf16, baseline      32–35k tok/s
+    d 64, 4 layers, BPE 1024, compiled bf16, baseline      46–48k tok/s   ← the dense proxy
+    d 64, 4 layers, BPE 1024, compiled bf16, unified       33–37k tok/s
+    d 64, 4 layers, 4 heads of 16 (BPE 2048), baseline     24–26k tok/s   (heads of 32 kept: 2 at d 64)
+    MoE d 64, top-2 of 8, BPE 1024, eager fp32            24–27k tok/s   ← the MoE proxy's path
+    MoE d 64, top-2 of 8, BPE 2048, compiled bf16          14–15k tok/s   (the per-expert loop does not compile well)
+
+The 1,024-token BPE halves the LM head (at d 64 it is a quarter of N instead of 40 %) and its tokens go 1.4× faster
+than the 2,048-token BPE's, so 10 tokens per parameter costs about a minute per dense run, which leaves room for
+four seeds of every comparison in about 8 CPU-hours. The corpus holds 3.49M training tokens in it: the largest run
+(the top rung of Fig. 6's ladder) reads 1.6 passes.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from config import RunConfig, load_config
+
+PROXY = Path("configs/proxy/tiny.yaml")
+TOKENS_PER_PARAM = 10.5  # the target; every run of every comparison ends at ≥ MIN_TOKENS_PER_PARAM
+MIN_TOKENS_PER_PARAM = 10.0
+MIN_STEPS = 1000
+MAX_PASSES = 4
+WARMUP_FRAC = 0.05  # PAPER.md §3.1: [U]; the repository's 0.12B config warms up 1,000 of 20,000 steps
+EVALS = 20  # evaluations per run: the Δ-loss curves' points
+CHECKPOINTS = 4  # per run: a stopped reproduction loses at most a quarter of a run
+HEAD_DIM = 32
+SEQ_LEN = 256  # configs/proxy/tiny.yaml's data.seq_len
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A proxy model: width, depth and, for Llama-MoE, the routed experts (top_k = n_experts / 4, with one shared
+    expert; expert hidden int(2d/3) and shared hidden int(8d/3) as the paper's, PAPER.md §2.2)."""
+    d_model: int
+    n_layers: int
+    n_experts: Optional[int] = None
+
+    @property
+    def label(self) -> str:
+        moe = f" E{self.n_experts}" if self.n_experts else ""
+        return f"d{self.d_model} L{self.n_layers}{moe}"
+
+    def overrides(self) -> tuple[str, ...]:
+        out = [f"model.d_model={self.d_model}", f"model.n_heads={max(1, self.d_model // HEAD_DIM)}",
+               f"model.n_layers={self.n_layers}"]
+        if self.n_experts:
+            # The MoE's exact per-expert loop runs fastest eager in fp32 on CPU (the table above).
+            out += [f"model.moe.n_experts={self.n_experts}", f"model.moe.top_k={max(1, self.n_experts // 4)}",
+                    "train.compile=false", "train.dtype=float32"]
+        return tuple(out)
+
+
+DENSE = Shape(64, 4)  # Llama-0.12B's proxy: Figs. 1, 5, 8 and 9, and a rung of Fig. 6
+# Fig. 6: compute spans (540k / 82k)² ≈ 43× at one tokens-per-parameter ratio; width and depth both grow, as in
+# the paper's ladder (PAPER.md §2.1).
+DENSE_LADDER = (Shape(32, 4), Shape(64, 2), DENSE, Shape(96, 4))
+MOE = Shape(64, 2, 8)  # MoE-0.5B's proxy (Figs. 8, 9): two MoE layers hold about the dense proxy's N
+MOE_LADDER = (Shape(32, 2, 8), MOE, Shape(96, 2, 8))  # Fig. 7: a width ladder
+
+
+# The proxy of each paper size (PAPER.md §2.1, §2.2, keyed by d_model), for `scripts.reproduce FIG --scale tiny`:
+# N grows with the paper's N and the largest stays within MAX_PASSES (dense 1B: 1.31M, 3.95 passes).
+DENSE_SIZES = {768: DENSE, 1024: Shape(96, 4), 1280: Shape(96, 6), 1536: Shape(128, 4), 1792: Shape(128, 6)}
+MOE_SIZES = {640: MOE_LADDER[0], 768: MOE, 960: Shape(64, 3, 8), 1024: MOE_LADDER[2], 1280: Shape(96, 3, 8)}
+
+
+def paper_shape(cfg: RunConfig) -> Shape:
+    """The proxy of a paper run: its size's entry above; another width gets d_model/12 rounded to a multiple of 32,
+    4 layers (2 for MoE, a quarter of the routed experts)."""
+    table = DENSE_SIZES if cfg.model.moe is None else MOE_SIZES
+    if cfg.model.d_model in table:
+        return table[cfg.model.d_model]
+    d = max(HEAD_DIM, HEAD_DIM * round(cfg.model.d_model / 12 / HEAD_DIM))
+    if cfg.model.moe is None:
+        return Shape(d, DENSE.n_layers)
+    return Shape(d, MOE.n_layers, max(4, cfg.model.moe.n_experts // 4))
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """The steps and batch of one proxy run, and the ratios they give."""
+    shape: Shape
+    compute_params: int  # N of the baseline strategy at this shape
+    rows: int  # sequences per optimizer step (global_batch = micro_batch)
+    steps: int
+    warmup: int
+    train_tokens: int  # in the corpus (one pass)
+
+    @property
+    def tokens(self) -> int:
+        return self.steps * self.rows * SEQ_LEN
+
+    @property
+    def tokens_per_param(self) -> float:
+        return self.tokens / self.compute_params
+
+    @property
+    def passes(self) -> float:
+        return self.tokens / self.train_tokens
+
+    def overrides(self) -> tuple[str, ...]:
+        every = max(1, self.steps // EVALS)
+        return (*self.shape.overrides(), f"train.global_batch={self.rows}", f"train.micro_batch={self.rows}",
+                f"train.steps={self.steps}", f"schedule.warmup_steps={self.warmup}", f"train.eval_every={every}",
+                f"train.ckpt_every={math.ceil(self.steps / CHECKPOINTS)}")
+
+
+def compute_params(cfg: RunConfig) -> int:
+    """N of the compute axis: every parameter but the input embedding (total, not activated, for MoE)."""
+    import torch
+
+    from config import resolve_vocab
+    from model.llama import Llama
+    with torch.device("meta"):
+        return Llama(resolve_vocab(cfg)).num_params(exclude_embedding=True)
+
+
+def corpus_tokens(cfg: RunConfig) -> int:
+    """Training tokens of the proxy's corpus: from the prepared dir when it is there, else the count measured when
+    this proxy was chosen (`python -m data.prepare --source builtin:pd_english --tokenizer bpe:1024`)."""
+    from data.shards import DataError, load_meta
+    try:
+        return load_meta(cfg.data.dir).splits["train"].tokens
+    except (DataError, FileNotFoundError, KeyError):
+        return BUILTIN_BPE1024_TRAIN_TOKENS
+
+
+BUILTIN_BPE1024_TRAIN_TOKENS = 3_490_345  # builtin:pd_english in bpe:1024, val_frac 0.02
+
+
+def size(figure_config: Path, shape: Shape, overrides: tuple[str, ...] = ()) -> Sizing:
+    """Steps and batch for `shape`: N from the baseline strategy at that shape (a figure run's own config with
+    configs/scale/baseline.yaml and the default FFN width over it), TOKENS_PER_PARAM × N tokens in ≥ MIN_STEPS steps of as many rows of
+    SEQ_LEN as that allows (at least one)."""
+    base = load_config([figure_config, PROXY, Path("configs/scale/baseline.yaml")],
+                       [*shape.overrides(), "model.d_ffn=null", *overrides])  # the default FFN (Fig. 10's + 8 aside)
+    n = compute_params(base)
+    target = TOKENS_PER_PARAM * n
+    rows = max(1, math.floor(target / (MIN_STEPS * SEQ_LEN)))
+    steps = math.ceil(target / (rows * SEQ_LEN))
+    return Sizing(shape, n, rows, steps, max(1, round(WARMUP_FRAC * steps)), corpus_tokens(base))
+
+
+def check(sizing: Sizing, params: int) -> list[str]:
+    """What keeps a run of `params` compute parameters sized by `sizing` from the proxy's rules (empty: none)."""
+    problems = []
+    if sizing.tokens / params < MIN_TOKENS_PER_PARAM:
+        problems.append(f"{sizing.tokens / params:.2f} tokens per parameter (< {MIN_TOKENS_PER_PARAM:g})")
+    if sizing.steps < MIN_STEPS:
+        problems.append(f"{sizing.steps} steps (< {MIN_STEPS})")
+    if sizing.passes > MAX_PASSES:
+        problems.append(f"{sizing.passes:.2f} passes over the corpus (> {MAX_PASSES})")
+    return problems
+
+
+def run_overrides(figure_config: Path, cfg: RunConfig, shape: Optional[Shape] = None, steps_factor: float = 1.0,
+                  overrides: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The key=value overrides that make the paper run `cfg` (from `figure_config`) its proxy at `shape` (default
+    `paper_shape`). `steps_factor` keeps a run's length relative to its panel's reference (Fig. 1's 1.4× run trains
+    1.4× the reference's steps); a d_ffn the run sets keeps its offset from int(8d/3) (Fig. 10's Llama-large: + 8)."""
+    shape = shape or paper_shape(cfg)
+    sizing = size(figure_config, shape, overrides)
+    out = [f"train.steps={round(sizing.steps * steps_factor)}" if o.startswith("train.steps=") else o
+           for o in sizing.overrides()]
+    if cfg.model.d_ffn is not None:
+        d = shape.d_model
+        out.append(f"model.d_ffn={int(8 * d / 3) + cfg.model.d_ffn - int(8 * cfg.model.d_model / 3)}")
+    return tuple(out)
