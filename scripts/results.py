@@ -18,7 +18,6 @@ all its processes) accumulates in `<out-dir>/cpu_seconds.json` across invocation
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import resource
 import sys
@@ -27,9 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from config import ConfigError, load_config, resolve_vocab, resume_conflicts
-from scripts.figures import FIGURES
+from config import ConfigError, resume_conflicts
+from repro.experiments import config_of, experiment_key
 from repro.proxy import DENSE_LADDER, MOE_LADDER, Shape
+from scripts.figures import FIGURES
 from scripts.reproduce import Job, command, launch, make_job
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -140,18 +140,6 @@ class Unique:
     key: str  # the resolved config without log.*: equal keys are the same experiment
 
 
-def config_of(job: Job):
-    """The run's config as train.py saves it (the vocabulary size resolved)."""
-    cfg = load_config([b for a, b in zip(job.argv, job.argv[1:]) if a == "--config"],
-                      [a for a in job.argv if "=" in a and not a.startswith("--")])
-    return dataclasses.replace(cfg, model=resolve_vocab(cfg))
-
-
-def experiment_key(cfg) -> str:
-    """Everything but where and how the run logs."""
-    return json.dumps({k: v for k, v in cfg.to_dict().items() if k != "log"}, sort_keys=True)
-
-
 def plan_runs(plan: Plan, out_dir: str) -> tuple[list[Unique], dict[tuple[str, int], Path]]:
     """The unique runs in running order (seed by seed), and the run directory of each (curve label path, seed)."""
     by_key: dict[str, Unique] = {}
@@ -161,7 +149,7 @@ def plan_runs(plan: Plan, out_dir: str) -> tuple[list[Unique], dict[tuple[str, i
             for curve in comp.curves:
                 job = make_job(FIGURES[curve.figure], curve.run, "tiny", seed, plan.seeds, out_dir,
                                [*plan.overrides, *curve.overrides], curve.suffix, curve.shape)
-                key = experiment_key(config_of(job))
+                key = experiment_key(config_of(job.argv))
                 unique = by_key.setdefault(key, Unique(job, key))
                 where[(f"{comp.key}/{curve.label}", seed)] = Path(out_dir) / unique.job.run_name
     return list(by_key.values()), where
@@ -198,7 +186,7 @@ def run_all(uniques: list[Unique], out_dir: Path, ledger: CpuLedger) -> list[str
     for i, u in enumerate(uniques, 1):
         run_dir = out_dir / u.job.run_name
         if (run_dir / "config.yaml").exists():
-            conflicts = resume_conflicts((run_dir / "config.yaml").read_text(), config_of(u.job))
+            conflicts = resume_conflicts((run_dir / "config.yaml").read_text(), config_of(u.job.argv))
             if conflicts:
                 raise ConfigError(f"{run_dir} holds a run of another config than this command's ("
                                   + "; ".join(conflicts) + "): move it away, or give another --out-dir")
@@ -268,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     c0, failed = ledger.total, []
     if not args.page_only:
         try:
-            prepare_wikitext(config_of(uniques[0].job).data.dir, Path(args.wikitext_dir), args.wikitext)
+            prepare_wikitext(config_of(uniques[0].job.argv).data.dir, Path(args.wikitext_dir), args.wikitext)
             failed = run_all(uniques, out_dir, ledger)
         except (ConfigError, FileNotFoundError) as e:
             print(f"error: {e}", file=sys.stderr)
