@@ -30,7 +30,7 @@ from typing import Optional
 
 from config import ConfigError, load_config
 from repro.proxy import PROXY, Shape, run_overrides
-from scripts.figures import FIGURES, Figure
+from repro.figures import FIGURES, Figure
 
 @dataclass(frozen=True)
 class Job:
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             print(shown(command(job, args.scale, nproc)))
         return 0
 
-    from scripts.runs import load_run
+    from repro.runs import load_run
     for i, job in enumerate([] if args.plot_only else todo, 1):
         run_dir = Path(args.out_dir) / job.run_name
         if (run_dir / "config.yaml").exists() and load_run(run_dir).finished:
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return code
 
-    from scripts.plot import draw_figure
+    from repro.plotting import draw_figure
     runs = {}
     for job in todo:
         try:

@@ -1,4 +1,4 @@
-"""The measured small-scale reproduction of the paper's Figures 1, 5, 6, 8 and 9: every run, then docs/results.md.
+"""The measured small-scale reproduction of the paper's Figures 1 and 5–9: every run, then docs/results.md.
 
     python -m scripts.results                       # run what is missing (4 seeds each), then write docs/results.md
     python -m scripts.results --page-only           # rewrite the page from the runs as they are, run nothing
@@ -22,113 +22,20 @@ import json
 import resource
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from config import ConfigError, resume_conflicts
+from repro.comparisons import Plan
 from repro.experiments import config_of, experiment_key
-from repro.proxy import DENSE_LADDER, MOE_LADDER, Shape
-from scripts.figures import FIGURES
+from repro.figures import FIGURES
+from repro.runs import load_run
 from scripts.reproduce import Job, command, launch, make_job
 
 ROOT = Path(__file__).resolve().parent.parent
 WIKITEXT_SOURCE = ROOT.parent / "shared" / "data" / "wikitext-2-raw-test" / "wiki.test.raw"
 WIKITEXT_URL = "https://huggingface.co/datasets/Salesforce/wikitext (config wikitext-2-raw-v1, split test)"
-
-
-@dataclass(frozen=True)
-class Curve:
-    label: str  # the name in the page
-    figure: str  # configs/figures/fig<figure>/<run>.yaml
-    run: str
-    overrides: tuple[str, ...] = ()  # on top of the proxy's sizes (an lr of the grid)
-    suffix: str = ""  # tells apart the run directories of one figure run under different overrides or shapes
-    paper_delta: Optional[float] = None  # the paper's terminal Δ to the comparison's reference (PAPER.md §4)
-    shape: Optional[Shape] = None  # the proxy shape (repro/proxy.py); None: the run's own (paper_shape)
-
-
-@dataclass(frozen=True)
-class Comparison:
-    key: str  # names the plot: img/results/<key>.png
-    title: str
-    cite: str  # where the paper's numbers come from
-    curves: tuple[Curve, ...]  # curves[0] is the reference of every Δ
-    kind: str = "panel"  # panel | lr_grid (Fig. 1) | ladder (Figs. 6, 7: baseline, unified per rung)
-
-
-# The paper's terminal deltas (PAPER.md §4.4, Fig. 5), each against its panel's first curve.
-FIG5_DELTAS = {
-    "heterogeneity": {"hg": -0.0044},
-    "placement": {"hg_ap": +0.0099, "hg_dp": -0.0032, "hg_dnp": +0.0341},
-    "reparameterization": {"hg_dnp": +0.037, "hg_dp_or": -0.0063, "hg_dp_er": +0.0027, "hg_dnp_or": -0.0245,
-                           "hg_dnp_er": -0.0238},
-    "weight decay": {"hg_dnp_er": +0.0008, "hg_dnp_or_iwd": -0.0009, "hg_dnp_er_iwd": -0.0004},
-}
-FIG6_DELTAS = {"0.12b": -0.0331, "0.25b": -0.0244, "0.5b": -0.0416, "0.75b": -0.0373, "1b": -0.0148}  # PAPER.md §4.5
-FIG7_DELTAS = {"0.25b": -0.0305, "0.5b": -0.0209, "0.8b": -0.0499, "1b": -0.0236, "2b": -0.0207}  # PAPER.md §4.6
-FIG6_MULTIPLIER, FIG7_MULTIPLIER = 1.22, 1.25  # PAPER.md §4.5, §4.6: equal-loss compute ratio of the fitted laws
-FIG1_SAME_LR, FIG1_BEST_LR = +0.0285, +0.0149  # PAPER.md §4.1: without − with scale vectors
-FIG8_DELTA, FIG8_MOE_DELTA = -0.0156, -0.0188  # PAPER.md §4.7: Dense-0.12B, MoE-0.5B, unified − baseline
-FIG9_DELTA, FIG9_MOE_DELTA = -0.0269, -0.0186  # PAPER.md §4.8
-
-
-@dataclass
-class Plan:
-    """What the page needs, in the order the runs go."""
-    seeds: int
-    lrs: tuple[float, ...] = (2e-3, 4e-3, 8e-3)
-    overrides: tuple[str, ...] = ()  # for every run, under each curve's own (an lr of the grid)
-    comparisons: list[Comparison] = field(default_factory=list)
-
-    def __post_init__(self):
-        if not self.comparisons:
-            self.comparisons = default_comparisons(self.lrs)
-
-
-def pair(figure: str, run: str, paper_delta: Optional[float], shape: Optional[Shape] = None) -> tuple[Curve, Curve]:
-    """A figure's baseline and unified runs of one size (`run` is their common prefix, e.g. "0.12b")."""
-    suffix = f"-{shape.label.replace(' ', '')}" if shape else ""
-    label = f" {shape.label}" if shape else ""
-    return (Curve(f"baseline{label}", figure, f"{run}_baseline", suffix=suffix, shape=shape),
-            Curve(f"unified{label}", figure, f"{run}_unified", suffix=suffix, paper_delta=paper_delta, shape=shape))
-
-
-def mean(values) -> float:
-    values = list(values)
-    return sum(values) / len(values)
-
-
-def default_comparisons(lrs: tuple[float, ...]) -> list[Comparison]:
-    out = [Comparison(f"fig5-{p.title.replace(' ', '_')}", f"Fig. 5, {p.title}", "PAPER.md §4.4",
-                      tuple(Curve(c, "5", c, paper_delta=FIG5_DELTAS[p.title].get(c)) for c in p.curves))
-           for p in FIGURES["5"].panels]
-    out.append(Comparison("fig1-lr_grid", "Fig. 1, with and without scale vectors over an lr grid", "PAPER.md §4.1",
-                          tuple(Curve(f"{name} lr {lr_text(lr)}", "1", run, (f"optim.lr={lr_text(lr)}",), f"-lr{lr_text(lr)}")
-                                for lr in lrs for name, run in (("baseline", "baseline"), ("none", "none_lr4e-3"))),
-                          kind="lr_grid"))
-    # A ladder rung has no paper size of its own: its Δ is compared with the mean of the paper's sizes.
-    out.append(Comparison("fig6-ladder", "Fig. 6, unified vs baseline over a ladder of dense proxy sizes",
-                          "PAPER.md §4.5",
-                          tuple(c for shape in DENSE_LADDER for c in pair("6", "0.12b", mean(FIG6_DELTAS.values()), shape)),
-                          kind="ladder"))
-    out.append(Comparison("fig8-muon", "Fig. 8, Muon, dense (lr 5e-3)", "PAPER.md §4.7", pair("8", "0.12b", FIG8_DELTA)))
-    out.append(Comparison("fig9-wsd", "Fig. 9, WSD schedule, dense (AdamW, lr 3e-3)", "PAPER.md §4.8",
-                          pair("9", "0.12b", FIG9_DELTA)))
-    out.append(Comparison("fig8-muon_moe", "Fig. 8, Muon, MoE (lr 4e-3)", "PAPER.md §4.7",
-                          pair("8", "moe_0.5b", FIG8_MOE_DELTA)))
-    out.append(Comparison("fig9-wsd_moe", "Fig. 9, WSD schedule, MoE (AdamW, lr 2e-3)", "PAPER.md §4.8",
-                          pair("9", "moe_0.5b", FIG9_MOE_DELTA)))
-    out.append(Comparison("fig7-ladder", "Fig. 7, unified vs baseline over a ladder of Llama-MoE proxy sizes",
-                          "PAPER.md §4.6",
-                          tuple(c for shape in MOE_LADDER for c in pair("7", "0.5b", mean(FIG7_DELTAS.values()), shape)),
-                          kind="ladder"))
-    return out
-
-
-def lr_text(lr: float) -> str:
-    """2e-3, not 0.002: as the paper and the configs write an lr."""
-    return f"{lr:.0e}".replace("e-0", "e-").replace("e+0", "e")
 
 
 # ------------------------------------------------------------------------------------------------------ the runs
@@ -181,7 +88,6 @@ def cpu_now() -> float:
 
 def run_all(uniques: list[Unique], out_dir: Path, ledger: CpuLedger) -> list[str]:
     """Run what is not finished; returns the names of runs that failed."""
-    from scripts.runs import load_run
     failed = []
     for i, u in enumerate(uniques, 1):
         run_dir = out_dir / u.job.run_name
@@ -261,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         except (ConfigError, FileNotFoundError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-    from scripts.results_page import write_page
+    from repro.page import write_page
     write_page(plan, where, args.page, ledger.total, Path(args.wikitext_dir).name)
     print(f"wrote {args.page}")
     print(f"CPU time: {(ledger.total - c0) / 3600:.2f} h in this invocation, {ledger.total / 3600:.2f} h for all "

@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from scripts.runs import Run, load_run
+from repro.runs import Run, load_run
 
 
 def table(runs: list[Run]) -> str:

@@ -7,7 +7,7 @@ import torch
 
 from config import _flat, load_config, resolve_vocab
 from model.llama import Llama
-from scripts.figures import FIGURES, FIGURES_DIR
+from repro.figures import FIGURES, FIGURES_DIR
 from test_model import PAPER_DENSE
 from test_moe import PAPER_MOE
 

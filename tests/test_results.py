@@ -1,24 +1,31 @@
-"""scripts.results: the whole reproduction on a 2-step, 2-seed miniature — every comparison's runs, shared runs run
-once, the page's numbers equal to what the runs' metrics.jsonl say, a second invocation that runs nothing, and a
-refusal to reuse a run directory of another config."""
+"""scripts.results: the whole reproduction on a 2-step, 2-seed miniature at the proxy's own shapes — every
+comparison's runs (the MoE panels and both ladders included), shared runs run once, the page's numbers equal to what
+the runs' metrics.jsonl say, a second invocation that runs nothing, and a refusal to reuse a run directory of another
+config."""
 from __future__ import annotations
 
+import math
 import re
 import sys
 
 import pytest
 from test_train import data_dir  # noqa: F401 - a fixture
 
+from repro.runs import load_run
+from repro.stats import T80, T975, stat
 from scripts import reproduce, results
-from scripts.results_page import T975, stat
-from scripts.runs import load_run
 
 SEEDS = 2
+# 11 Fig. 5 runs; Fig. 1's grid at 2 lrs less its baseline at 4e-3 (Fig. 5's); Fig. 6's ladder less its d64 L4
+# rung (Fig. 5's baseline and hg_dnp_or_iwd); Figs. 8 and 9, dense and MoE; Fig. 7's 3 rungs: per seed.
+EXPERIMENTS = 11 + 3 + 6 + 4 + 4 + 6
+ROWS = 12 + 2 + 4 + 4 + 3  # Fig. 5's deltas, Fig. 1's two, Fig. 6's rungs, Figs. 8 and 9, Fig. 7's rungs
 
 
 @pytest.fixture(scope="module")
 def miniature(data_dir, tmp_path_factory):  # noqa: F811
-    """Runs the miniature once for the module's tests: (argv, out dir, page, stdout)."""
+    """Runs the miniature once for the module's tests: (argv, out dir, page, stdout). The overrides shrink the
+    data, batch and steps but keep each curve's model shape, so the ladders' rungs stay distinct models."""
     import train
 
     tmp = tmp_path_factory.mktemp("results")
@@ -26,13 +33,11 @@ def miniature(data_dir, tmp_path_factory):  # noqa: F811
     wiki.write_text(" = Valkyria Chronicles = \n\n The game began development in 2010 , carrying over a large "
                     "portion of the work . \n" * 40)
     overrides = [f"data.dir={data_dir.dir}", f"data.source={data_dir.source}", "data.tokenizer=bpe:320",
-                 "data.seq_len=32", "data.val_frac=0.2", "model.d_model=32", "model.n_heads=1", "model.n_layers=1",
-                 "train.steps=2", "train.global_batch=4", "train.micro_batch=4", "train.eval_every=1",
-                 "train.eval_tokens=256", "schedule.warmup_steps=1", "train.device=cpu", "train.compile=false",
-                 "train.dtype=float32"]
+                 "data.seq_len=32", "data.val_frac=0.2", "train.steps=2", "train.global_batch=2", "train.micro_batch=2",
+                 "train.eval_every=1", "train.eval_tokens=128", "train.ckpt_every=2", "schedule.warmup_steps=1",
+                 "train.device=cpu", "train.compile=false", "train.dtype=float32", "log.every=1"]
     argv = ["--seeds", str(SEEDS), "--out-dir", str(tmp / "runs"), "--page", str(tmp / "docs" / "results.md"),
-            "--lrs", "4e-3,8e-3", "--widths", "32,64", "--wikitext", str(wiki), "--wikitext-dir",
-            str(tmp / "wikitext2"), "--", *overrides]
+            "--lrs", "4e-3,8e-3", "--wikitext", str(wiki), "--wikitext-dir", str(tmp / "wikitext2"), "--", *overrides]
 
     def run_in_process(cmd):
         assert cmd[:2] == [sys.executable, "train.py"]
@@ -52,42 +57,70 @@ def miniature(data_dir, tmp_path_factory):  # noqa: F811
 
 def test_every_comparison_runs_once_per_experiment(miniature):
     argv, runs, page, out = miniature
-    # 11 Fig. 5 runs; the ladder's 64-wide pair (its 32-wide rung is Fig. 5's); Muon; WSD; the grid less the
-    # baseline at 4e-3 (Fig. 5's): 20 experiments, each once per seed.
-    assert f"[{20 * SEEDS}/{20 * SEEDS}]" in out
+    assert f"[{EXPERIMENTS * SEEDS}/{EXPERIMENTS * SEEDS}]" in out
     dirs = sorted(p.name for p in runs.iterdir() if p.is_dir())
-    assert len(dirs) == 20 * SEEDS
+    assert len(dirs) == EXPERIMENTS * SEEDS
     assert "fig1-baseline-tiny-lr4e-3-s0" not in dirs and "fig5-baseline-tiny-s0" in dirs
-    assert "fig6-0.12b_unified-tiny-d64-s1" in dirs
+    assert "fig6-0.12b_unified-tiny-d64L4-s0" not in dirs and "fig6-0.12b_unified-tiny-d96L4-s1" in dirs
+    assert {"fig7-0.5b_unified-tiny-d32L2E8-s1", "fig8-moe_0.5b_unified-tiny-s0", "fig9-moe_0.5b_baseline-tiny-s1"} \
+        <= set(dirs)
+    widths = {load_run(runs / f"fig7-0.5b_baseline-tiny-{s}-s0").cfg.model.d_model for s in ("d32L2E8", "d96L2E8")}
+    assert widths == {32, 96}  # the rungs are distinct models
     for d in dirs:
         run = load_run(runs / d)
         assert run.finished and run.cfg.train.seed == int(d[-1])
         assert any(k.startswith("val_loss/wikitext2") for k in run.final_eval)  # the eval-only set, every run
-    assert re.search(r"CPU time: \d+\.\d\d h in this invocation, \d+\.\d\d h for all 40 runs", out)
+        assert run.passes is not None and run.passes > 0
+    assert re.search(rf"CPU time: \d+\.\d\d h in this invocation, \d+\.\d\d h for all {EXPERIMENTS * SEEDS} runs", out)
 
 
 def test_page_numbers_come_from_the_runs(miniature):
     argv, runs, page, out = miniature
     text = page.read_text()
     for title in ("Fig. 5, heterogeneity", "Fig. 5, placement", "Fig. 5, reparameterization", "Fig. 5, weight decay",
-                  "Fig. 6, unified vs baseline", "Fig. 8, Muon", "Fig. 9, WSD", "Fig. 1, with and without"):
+                  "Fig. 6, unified vs baseline", "Fig. 7, unified vs baseline", "Fig. 8, Muon, dense",
+                  "Fig. 8, Muon, MoE", "Fig. 9, WSD schedule, dense", "Fig. 9, WSD schedule, MoE",
+                  "Fig. 1, with and without", "v2 against v1"):
         assert f"### {title}" in text
-    # Fig. 9's delta, recomputed from the two runs of each seed: mean and its 95 % interval.
+    # Fig. 9's dense delta, recomputed from the two runs of each seed: mean, 95 % interval, paper, ratio, MDE.
     deltas = [load_run(runs / f"fig9-0.12b_unified-tiny-s{s}").final_val_loss
               - load_run(runs / f"fig9-0.12b_baseline-tiny-s{s}").final_val_loss for s in range(SEEDS)]
     d = stat(deltas)
-    half = T975[0] * d.sd / SEEDS ** 0.5
-    assert "| unified | 2 | " in text
-    assert f"{d.mean:+.4f} [{d.mean - half:+.4f}, {d.mean + half:+.4f}] | -0.0269 |" in text
-    # The baseline's mean ± sd in Fig. 5's first table.
+    half, mde = T975[0] * d.sd / SEEDS ** 0.5, (T975[0] + T80[0]) * d.sd / SEEDS ** 0.5
+    assert (f"{d.mean:+.4f} [{d.mean - half:+.4f}, {d.mean + half:+.4f}] | -0.0269 | {d.mean / -0.0269:.2f} | "
+            f"{mde:.4f} |") in text
+    # The baseline's mean ± sd in Fig. 5's first table, marked as read by other comparisons too.
     finals = [load_run(runs / f"fig5-baseline-tiny-s{s}").final_val_loss for s in range(SEEDS)]
     b = stat(finals)
-    assert f"| baseline | 2 | {b.mean:.4f} ± {b.sd:.4f} |" in text
-    assert "Equal-loss compute multiplier of unified over baseline: **" in text  # two rungs: a law per strategy
-    assert "CPU-hours" in text and "Of 18 deltas:" in text
-    for image in re.findall(r"\]\((img/results/[^)]+)\)", text):
+    assert f"| baseline† | 2 | {b.mean:.4f} ± {b.sd:.4f} |" in text
+    heterogeneity = text.split("### Fig. 5, heterogeneity")[1].split("###")[0]
+    assert re.search(r"† .*baseline: also .*Fig\. 1, .*Fig\. 6, ", heterogeneity)
+    # Fig. 6's d64 L4 rung is Fig. 5's baseline against hg_dnp_or_iwd: a row of its own (no Fig. 5 row has that
+    # pair), its runs marked shared.
+    assert "| d64 L4† |" in text
+    distinct = int(re.search(r"Of (\d+) distinct deltas", text).group(1))
+    again = text.count("not counted again")
+    assert distinct + again == ROWS and again == text.count("(the same runs as *")
+    for ladder in ("Fig. 6", "Fig. 7"):
+        section = text.split(f"### {ladder}, unified vs baseline")[1].split("\n### ")[0]
+        assert "Power laws fitted to the seed means" in section and "b_unified − b_baseline = " in section
+        assert ("One multiplier for the ladder" in section) != ("No single multiplier" in section)
+    assert "CPU-hours" in text and "break the proxy's rules" in text  # 2 steps: every run is flagged
+    assert "Chance alone: with " in text
+    images = re.findall(r"\]\((img/results/[^)]+)\)", text)
+    for image in images:
         assert (page.parent / image).stat().st_size > 1000
-    assert len(re.findall(r"\]\((img/results/[^)]+)\)", text)) == 9  # 8 comparisons + the scaling law
+    assert len(images) == 13  # 11 comparisons + 2 scaling laws
+
+
+def test_page_counts_chance_from_its_rows(miniature):
+    argv, runs, page, out = miniature
+    text = page.read_text()
+    m, expected, k = re.search(r"with (\d+) distinct deltas tested at 95 %, (\d+\.\d\d) would come out resolved "
+                               r"if every true delta were 0; (\d+) did", text).groups()
+    assert float(expected) == pytest.approx(0.05 * int(m), abs=0.005) and int(k) <= int(m)
+    tail = sum(math.comb(int(m), j) * 0.05 ** j * 0.95 ** (int(m) - j) for j in range(int(k), int(m) + 1))
+    assert f"with probability {tail:.2g} (binomial)" in text
 
 
 def test_second_invocation_runs_nothing_and_refuses_another_config(miniature, capsys):
@@ -95,7 +128,7 @@ def test_second_invocation_runs_nothing_and_refuses_another_config(miniature, ca
     before = page.read_text()
     assert results.main(argv) == 0
     out = capsys.readouterr().out
-    assert out.count("finished, skipped") == 20 * SEEDS and "0.00 h in this invocation" in out
+    assert out.count("finished, skipped") == EXPERIMENTS * SEEDS and "0.00 h in this invocation" in out
     assert page.read_text().split("## The proxy")[1] == before.split("## The proxy")[1]
     # A finished run dir of another config than the command's: an error naming the key, nothing reused.
     assert results.main([*argv, "optim.weight_decay=0.05"]) == 2

@@ -1,14 +1,16 @@
-"""scripts.scaling_law: the paper's own markers give its compute multipliers; run directories are read, labeled by
-preset and placed on the paper's compute axis."""
+"""repro.laws and scripts.scaling_law: the paper's own markers give its compute multipliers; run directories are read,
+labeled by preset and placed on the paper's compute axis."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from config import load_config
+from config import load_config, strategy_name
+from repro import laws
+from repro.proxy import compute_params
+from repro.runs import load_run
 from scripts import scaling_law
-from scripts.runs import load_run, strategy_name
 
 # PAPER.md §4.5 (dense) and §4.6 (MoE): C in PFLOP/s-days, baseline and unified terminal losses [F]
 DENSE_C = [0.056, 0.346, 1.428, 3.439, 6.397]
@@ -22,10 +24,10 @@ def _points(cs, losses):
 
 
 def test_paper_markers_give_the_papers_multipliers():
-    dense = scaling_law.analyze(_points(DENSE_C, DENSE), "baseline")
+    dense = laws.analyze(_points(DENSE_C, DENSE), "baseline")
     assert abs(dense.geometric_mean("unified") - 1.22) <= 0.02  # paper: 1.22×
     assert abs(dense.fits["baseline"].b - (-0.0547)) < 0.001 and abs(dense.fits["baseline"].a - 2.6165) < 0.005
-    moe = scaling_law.analyze(_points(MOE_C, MOE), "baseline")
+    moe = laws.analyze(_points(MOE_C, MOE), "baseline")
     assert 1.23 <= moe.geometric_mean("unified") <= 1.25  # paper's arrow: 1.25×; its fits: ≈ 1.23–1.24×
 
 
@@ -60,9 +62,9 @@ def test_runs_are_labeled_and_placed_on_the_compute_axis(tmp_path):
     run = load_run(runs[0])
     assert run.strategy == "baseline" and run.finished and run.final_val_loss == 4.0
     assert strategy_name(load_run(runs[-1]).cfg) == "unified"
-    points = scaling_law.points_from_runs(runs)
-    n = scaling_law.compute_params(run.cfg)
+    points = laws.points_from_runs([load_run(r) for r in runs])
+    n = compute_params(run.cfg)
     assert n == run.cfg.model.n_layers * (4 * 128**2 + 3 * 128 * 341) + 9 * 128 + 8192 * 128  # + LM head, no embed
     assert points["baseline"][0] == pytest.approx((6 * n * 10**9 / 8.64e19, 4.0))
-    report = scaling_law.analyze(points, "baseline")
+    report = laws.analyze(points, "baseline")
     assert report.geometric_mean("unified") > 1.0

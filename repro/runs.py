@@ -1,0 +1,77 @@
+"""Reading run directories the way every script does: the resolved `config.yaml` and `metrics.jsonl`, never wandb.
+
+    run = load_run(Path("runs/0.12b+unified"))
+    run.final_val_loss, run.final_tokens, run.strategy, run.finished, run.passes
+
+An eval record carries `step`, `tokens`, `val_loss` and one `val_loss/<name>` per extra eval set; a train record
+carries `epoch`, the passes over the training data done so far (train.py's loader counts them).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from config import RunConfig, load_config, strategy_name
+
+
+def read_metrics(run: Path) -> list[dict]:
+    path = Path(run) / "metrics.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist: is {run} a run directory?")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def series(records: list[dict], metric: str, x: str) -> tuple[list[float], list[float]]:
+    """(x, metric) of every record that has both, in file order."""
+    pts = [(r[x], r[metric]) for r in records if r.get(metric) is not None and x in r]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+@dataclass
+class Run:
+    path: Path
+    cfg: RunConfig
+    records: list[dict]
+
+    @property
+    def evals(self) -> list[dict]:
+        return [r for r in self.records if r.get("kind") == "eval"]
+
+    @property
+    def final_eval(self) -> Optional[dict]:
+        return self.evals[-1] if self.evals else None
+
+    @property
+    def final_val_loss(self) -> Optional[float]:
+        return self.final_eval["val_loss"] if self.final_eval else None
+
+    @property
+    def final_tokens(self) -> int:
+        return self.final_eval["tokens"] if self.final_eval else 0
+
+    @property
+    def finished(self) -> bool:
+        return self.final_eval is not None and self.final_eval["step"] >= self.cfg.train.steps
+
+    @property
+    def passes(self) -> Optional[float]:
+        """Passes over the training data at the last logged train step (None: no train record has `epoch`)."""
+        done = [r["epoch"] for r in self.records if r.get("kind") == "train" and r.get("epoch") is not None]
+        return done[-1] if done else None
+
+    @property
+    def strategy(self) -> str:
+        return strategy_name(self.cfg)
+
+    def curve(self, metric: str = "val_loss", from_tokens: int = 0) -> dict[int, float]:
+        """tokens → metric at every evaluation from `from_tokens` on."""
+        return {x: y for x, y in zip(*series(self.evals, metric, "tokens")) if x >= from_tokens}
+
+
+def load_run(path: Path) -> Run:
+    path = Path(path)
+    if not (path / "config.yaml").exists():
+        raise FileNotFoundError(f"{path}/config.yaml does not exist: is {path} a run directory?")
+    return Run(path, load_config(path / "config.yaml"), read_metrics(path))

@@ -1,0 +1,189 @@
+"""The results page's section of each comparison: its table of final losses and deltas (each beside the paper's,
+with ours/paper, the 95 % interval, the MDE and the verdict), its Δ-loss curves over training and, for a ladder
+(Figs. 6, 7), the scaling laws as the data has them. Numbers come from repro/measure.py, laws from repro/laws.py.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Optional
+
+from repro.comparisons import Comparison, Curve, lr_text
+from repro.laws import LadderLaw, Rung, ladder_law, pflops_days, times, times_text
+from repro.measure import CurvePanel, Results, Row, lr_curve
+from repro.plotting import draw_deltas, plot_law
+from repro.proxy import compute_params
+from repro.stats import fmt, ratio
+
+DAGGER = "†"
+DELTA_HEAD = "Δ val [95 % CI] | paper Δ | ours/paper | MDE | Δ WikiText-2 [95 % CI] | verdict"
+
+
+def delta_cells(row: Row) -> str:
+    """The DELTA_HEAD cells of a row; a row with another's runs names it instead of showing its numbers again."""
+    paper = f"{row.paper:+.4f}" if row.paper is not None else "–"
+    if row.same_as:
+        return f"(the same runs as *{row.same_as}*) | {paper} | | | | not counted again"
+    r = ratio(row.delta, row.paper)
+    mde = f"{row.delta.mde:.4f}" if row.delta and row.delta.n >= 2 else "–"
+    return (f"{fmt(row.delta, True)} | {paper} | {f'{r:.2f}' if r is not None else '–'} | {mde} | "
+            f"{fmt(row.wiki, True)} | {row.verdict}")
+
+
+def marked(res: Results, comp: Comparison, curve: Curve, label: str, notes: dict[str, list[str]]) -> str:
+    """`label`, with a † when another comparison reads this curve's runs (collected in `notes` for the footnote)."""
+    others = res.readers(comp, curve)
+    if not others:
+        return label
+    notes[label] = others
+    return label + DAGGER
+
+
+def footnote(notes: dict[str, list[str]]) -> list[str]:
+    if not notes:
+        return []
+    return ["", f"{DAGGER} Runs shared with other comparisons (one run directory per seed, read by each): "
+            + "; ".join(f"{label}: also {', '.join(others)}" for label, others in notes.items()) + "."]
+
+
+def image(res: Results, comp: Comparison, panels: list[CurvePanel], img_dir: Path) -> list[str]:
+    panels = [p for p in panels if p.losses or p.deltas]
+    if not panels:
+        return []
+    draw_deltas(panels, img_dir / f"{comp.key}.png")
+    return [f"![{comp.title}](img/results/{comp.key}.png)", ""]
+
+
+def curve_panel(res: Results, comp: Comparison, title: str, curves: list[Curve], rows: list[Row],
+                ref_label: str) -> CurvePanel:
+    return CurvePanel(title, ref_label, [res.loss_band(comp, c) for c in curves],
+                      [res.delta_band(r) for r in rows if not r.same_as])
+
+
+def ordering(res: Results, comp: Comparison, metric: str) -> list[str]:
+    means = {c.label: res.final(comp, c, metric) for c in comp.curves}
+    return [k for k, s in sorted(((k, s) for k, s in means.items() if s), key=lambda kv: kv[1].mean)]
+
+
+def panel_section(res: Results, comp: Comparison, img_dir: Path) -> tuple[list[str], Optional[bool]]:
+    """A panel of curves against curves[0]; returns its lines and, for ≥ 3 curves, whether WikiText-2 orders them as
+    the validation loss does."""
+    ref, rows, notes = comp.curves[0], res.rows_of(comp), {}
+    out = [f"### {comp.title}", "", f"Reference: **{ref.label}**; the paper's deltas: {comp.cite}.", "",
+           f"| curve | seeds | val loss | WikiText-2 | {DELTA_HEAD} |", "|---" * 10 + "|"]
+    out.append(f"| {marked(res, comp, ref, ref.label, notes)} | {len(res.finals(comp, ref))} | {fmt(res.final(comp, ref))} "
+               f"| {fmt(res.final(comp, ref, res.wiki))} | (reference) | | | | | |")
+    for row in rows:
+        c = row.ours
+        out.append(f"| {marked(res, comp, c, c.label, notes)} | {len(res.finals(comp, c))} | {fmt(res.final(comp, c))} | "
+                   f"{fmt(res.final(comp, c, res.wiki))} | {delta_cells(row)} |")
+    out += footnote(notes) + [""]
+    same = None
+    if len(comp.curves) >= 3:
+        val, wiki = ordering(res, comp, "val_loss"), ordering(res, comp, res.wiki)
+        same = val == wiki
+        out += [f"Ordering by validation loss (best first): {' < '.join(val)}. On WikiText-2: {' < '.join(wiki)} "
+                f"({'the same' if same else 'a different'} order).", ""]
+    title = comp.title.split(", ", 1)[-1]
+    out += image(res, comp, [curve_panel(res, comp, title, list(comp.curves), rows, ref.label)], img_dir)
+    return out, same
+
+
+def lr_grid_section(res: Results, comp: Comparison, img_dir: Path) -> list[str]:
+    """Fig. 1: the grid, each model's best lr, then without − with at the same lr and at each one's best."""
+    lrs = [lr_text(lr) for lr in res.plan.lrs]
+    best = {m: res.best_lr(comp, m) for m in ("baseline", "none")}
+    out = [f"### {comp.title}", "", "| lr | with scale vectors (baseline) | without (none) | WikiText-2 with | "
+           "WikiText-2 without |", "|---|---|---|---|---|"]
+    for lr in lrs:
+        cells = [fmt(res.final(comp, lr_curve(comp, m, lr), metric)) + (" (best)" if metric == "val_loss"
+                                                                          and best[m] == lr else "")
+                 for metric in ("val_loss", res.wiki) for m in ("baseline", "none")]
+        out.append(f"| {lr} | " + " | ".join(cells) + " |")
+    notes: dict[str, list[str]] = {}
+    for lr in lrs:
+        for m in ("baseline", "none"):
+            marked(res, comp, lr_curve(comp, m, lr), f"{m} lr {lr}", notes)
+    out += footnote(notes)
+    rows = res.rows_of(comp)
+    out += ["", f"| without − with | {DELTA_HEAD} |", "|---" * 7 + "|"]
+    out += [f"| {row.label} | {delta_cells(row)} |" for row in rows] + [""]
+    panels = [curve_panel(res, comp, f"Fig. 1, {row.label}", [row.ref, row.ours], [row], row.ref.label)
+              for row in rows if not row.same_as]
+    return out + image(res, comp, panels, img_dir)
+
+
+def ladder_section(res: Results, comp: Comparison, img_dir: Path) -> list[str]:
+    """Figs. 6, 7: baseline vs unified at each rung, then the two laws L = a·C^b as the data has them."""
+    out = [f"### {comp.title}", "", f"| rung | N (compute) | tokens | C (PFLOP/s-days) | baseline | unified | "
+           f"{DELTA_HEAD} |", "|---" * 12 + "|"]
+    rungs, notes = [], {}
+    for (base, uni), row in zip(comp.rungs, res.rows_of(comp)):
+        runs = res.runs_of(comp, base)
+        if not runs:
+            out.append(f"| {row.label} | | | | – | {fmt(res.final(comp, uni))} | {delta_cells(row)} |")
+            continue
+        run = next(iter(runs.values()))
+        n = compute_params(run.cfg)
+        c = pflops_days(n, run.final_tokens)  # the paper's markers: both strategies at the baseline's C (§4.5)
+        out.append(f"| {marked(res, comp, base, row.label, notes)} | {n:,} | {run.final_tokens:,} | {c:.3g} | "
+                   f"{fmt(res.final(comp, base))} | {fmt(res.final(comp, uni))} | {delta_cells(row)} |")
+        rungs.append(Rung(c, {"baseline": res.finals(comp, base), "unified": res.finals(comp, uni)}))
+    out += footnote(notes)
+    out += ["", "A rung has no paper size of its own: its Δ is read against the mean of the paper's sizes ("
+            + ", ".join(f"{k.upper()} {v:+.4f}" for k, v in comp.paper_sizes) + f"; {comp.cite}).", ""]
+    law = ladder_law(rungs, "baseline", "unified")
+    if law is not None:
+        out += law_lines(law, comp.paper_multiplier)
+        pts = {k: [(r.compute, sum(r.losses[k].values()) / len(r.losses[k])) for r in rungs if r.losses.get(k)]
+               for k in ("baseline", "unified")}
+        plot_law(pts, law.fits, f"{comp.title.split(',')[0]}: laws of the seed means", img_dir / f"{comp.key}_law.png")
+        out += [f"![scaling law](img/results/{comp.key}_law.png)", ""]
+    panels = [curve_panel(res, comp, row.label, [base, uni], [row], base.label)
+              for (base, uni), row in zip(comp.rungs, res.rows_of(comp))]
+    return out + image(res, comp, panels, img_dir)
+
+
+def law_lines(law: LadderLaw, paper: Optional[float]) -> list[str]:
+    """The laws, the multiplier at each rung, the exponents' difference, the crossing, and a headline only for
+    parallel laws (PAPER.md §4.5: the paper's are parallel, one multiplier)."""
+    ref, new = law.fits[law.reference], law.fits[law.other]
+    out = [f"Power laws fitted to the seed means: baseline L = {ref.a:.4f}·C^{ref.b:.4f}, unified L = "
+           f"{new.a:.4f}·C^{new.b:.4f}. The equal-loss compute multiplier of unified over baseline at each rung: the "
+           "rung's compute over the compute unified's law needs for the loss the baseline's law gives there (above "
+           "1: unified reaches that loss with less):", "",
+           "| C (PFLOP/s-days) | multiplier (seed-mean laws) | 95 % CI over the seeds' own laws |", "|---|---|---|"]
+    out += [f"| {c:.3g} | {times_text(m)} | {times(s)} |" for c, m, s in zip(law.compute, law.log_multipliers,
+                                                                             law.seed_multipliers)]
+    d = law.exponent_diff
+    if law.parallel is None:
+        parallel = "With fewer than two seeds' laws the exponents' difference has no interval."
+    else:
+        parallel = (f"The exponents differ by b_unified − b_baseline = {d.mean:+.4f} [{d.lo:+.4f}, {d.hi:+.4f}] over "
+                    f"the {d.n} seeds' own laws (paired by seed): "
+                    + ("the interval holds 0, so the laws are parallel within it." if law.parallel
+                       else "the interval excludes 0: the laws are not parallel."))
+    out += ["", parallel]
+    if not law.falling:
+        out.append("A seed-mean law whose loss does not fall with compute (b ≥ 0) gives no meaningful multiplier.")
+    cross = law.crossing
+    if cross is not None and not 0 < cross < math.inf:
+        out.append("The seed-mean laws are so nearly parallel that they cross only far outside any compute range.")
+    elif cross is not None:
+        where = {"inside": "inside the measured range", "above": "above the measured range",
+                 "below": "below the measured range"}[law.crossing_place]
+        ahead = "unified" if law.log_multipliers[-1] > 0 else "baseline"
+        out.append(f"The seed-mean laws cross at C = {cross:.3g} PFLOP/s-days, {cross / max(law.compute):.3g}× the "
+                   f"largest rung's compute ({where}); at the largest rung {ahead} is ahead.")
+    paper_text = f" The paper: {paper:.2f}×, from parallel laws." if paper else ""
+    if law.log_headline is not None:
+        gm = law.mean_multiplier
+        ci = f" {times(gm)} over the seeds' own laws" if gm and gm.n >= 2 else ""
+        out.append(f"One multiplier for the ladder (the laws being parallel): **{times_text(law.log_headline)}** "
+                   f"(geometric mean over the rungs){ci}.{paper_text}")
+    else:
+        lo, hi = min(law.log_multipliers), max(law.log_multipliers)
+        out.append(f"No single multiplier: it depends on the loss it is read at, from {times_text(lo)} to "
+                   f"{times_text(hi)} over the measured rungs ({times_text(law.log_multipliers[-1])} at the "
+                   f"largest).{paper_text}")
+    return out + [""]
