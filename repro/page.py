@@ -113,7 +113,7 @@ def reading(res: Results, orderings: list[bool]) -> list[str]:
     dupes = len(res.rows) - len(rows)
     again = f" ({dupes} more {'row is' if dupes == 1 else 'rows are'} the same runs as another, shown once)"
     out = [f"Of {len(rows)} distinct deltas" + (again if dupes else "") + ": "
-           + ", ".join(f"{len(groups[k])} {k}" for k in VERDICTS if k in groups) + ".", ""]
+           + "; ".join(f"{len(groups[k])} {k}" for k in VERDICTS if k in groups) + ".", ""]
     for k in VERDICTS[:6]:
         if k in groups:
             out.append(f"- **{k}**: " + "; ".join(
