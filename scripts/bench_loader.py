@@ -16,22 +16,40 @@ as median [min–max] over --repeats rounds that alternate the order of the two 
                    the cores with the step's compute.
   val stream       the first 65,536 val tokens, as train.py's eval reads them.
   model step       the tiny Llama (d_model 256, 4 layers, fp32, fwd+bwd+AdamW) on the first shape, the same way.
+
+    python -m scripts.bench_loader --scale-check        # the loader at the paper-scale plan's 106B tokens
+
+--scale-check builds a synthetic prepared dir of --scale-tokens train tokens (default 106e9, the one dir every
+paper-scale config reads) in shards of 100M uint16 tokens as sparse files (headers and holes: no disk blocks), and
+measures, per rank (rank 0 of 8) in a fresh process for each case, at 32×1,024 (the 0.12B configs) and 4×4,096 (the
+1B): start-up (TrainLoader constructed + first batch), RSS growth and peak, open file descriptors, and ms per batch
+after it, for the loader's Feistel order and for the materialized order of old checkpoints (`permutation`). It
+removes the dir afterwards.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import mmap
+import multiprocessing
 import os
+import resource
+import shutil
 import statistics
+import tempfile
 import time
-from typing import Callable
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Callable, Optional
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from data.config import DataConfig
 from data.loader import TrainLoader, read_meta, val_batches
-from data.prepare import ensure_prepared
+from data.prepare import DEFAULT_SHARD_TOKENS, ensure_prepared
+from data.shards import HEADER, HEADER_BYTES, MAGIC, VERSION, Meta, ShardInfo, SplitInfo, shard_name, write_meta
 from data.tokenizer import padded_vocab
 from model.config import ModelConfig
 from model.llama import Llama
@@ -177,6 +195,119 @@ def bench_model(data_dir: str, b: int, seq_len: int, args: argparse.Namespace) -
     report_step("model step", rounds(args.repeats, with_model), 1)
 
 
+# ------------------------------------------------------------------------------------ --scale-check: 106B tokens
+
+SCALE_SHAPES = ((32, 1024), (4, 4096))  # micro_batch × seq_len of configs/dense/0.12b.yaml and configs/dense/1b.yaml
+SCALE_RANK, SCALE_WORLD = 0, 8  # one rank of an 8-GPU node: each rank builds its own loader
+SYNTHETIC_TOKENIZER = {"spec": "gpt2", "name": "synthetic", "ranks_hash": "0" * 64, "n_vocab": 50257, "eot": 50256}
+
+
+def synthetic_dir(root: Path, n_tokens: int, shard_tokens: int = DEFAULT_SHARD_TOKENS) -> Path:
+    """A prepared dir the loader accepts, as data/prepare.py lays it out: n_tokens train tokens (and a val shard of
+    2 % of one shard) in shards of shard_tokens uint16 tokens, each a header and a hole (os.truncate): zeros that
+    take no disk blocks. The sha256 in meta.json is a placeholder: the loader never hashes the tokens."""
+    root.mkdir(parents=True)
+    splits = {}
+    for split, total in (("train", n_tokens), ("val", min(n_tokens, shard_tokens) // 50)):
+        info = splits[split] = SplitInfo(docs=1)
+        for i, start in enumerate(range(0, total, shard_tokens)):
+            n = min(shard_tokens, total - start)
+            path = root / shard_name(split, i)
+            with open(path, "wb") as f:
+                f.write(HEADER.pack(MAGIC, VERSION, 2, n))
+            os.truncate(path, HEADER_BYTES + 2 * n)
+            info.shards.append(ShardInfo(path.name, n, "0" * 64))
+            info.tokens += n
+    meta = Meta(tokenizer=SYNTHETIC_TOKENIZER, source="synthetic", request={}, eval_only=False, dtype="uint16",
+                splits=splits)
+    meta.fingerprint = meta.compute_fingerprint()
+    write_meta(root, meta)
+    return root
+
+
+def _rss_kb() -> tuple[int, int]:
+    """(current, peak) resident set size of this process in kB (Linux: /proc/self/status VmRSS, VmHWM)."""
+    status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
+    return int(status["VmRSS"].split()[0]), int(status["VmHWM"].split()[0])
+
+
+def scale_case(data_dir: str, micro_batch: int, seq_len: int, order: str, batches: int,
+               fd_limit: Optional[int] = None) -> dict:
+    """One rank's loader in this (fresh) process. Start-up = the constructor + the first next_batch(), which holds
+    the order's first use (`order_ms`, window_ids of batch 0: the Feistel keys, or drawing the permutation) and the
+    reads; then the order's ms per batch (window_ids) and next_batch's, reads included (on sparse files every read
+    is a first touch of a hole: the storage's cost, the same for both orders). Memory: RSS growth once the first
+    batch is out and its peak. `order` "permutation" is the materialized order of a state version 1–2 checkpoint, as
+    load_state_dict sets it. `fd_limit` lowers this process's soft limit of open files first (`ulimit -n`)."""
+    if fd_limit is not None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (fd_limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    gc.collect()
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # reset the peak (VmHWM) to the current RSS
+    except OSError:
+        pass
+    rss0, _ = _rss_kb()
+    fds0 = len(os.listdir("/proc/self/fd"))
+    t0 = time.perf_counter()
+    try:
+        loader = TrainLoader(data_dir, seq_len, micro_batch, rank=SCALE_RANK, world_size=SCALE_WORLD)
+    except OSError as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+    t1 = time.perf_counter()
+    loader.order = order
+    loader.window_ids(0)
+    t2 = time.perf_counter()
+    loader.next_batch()
+    t3 = time.perf_counter()
+    rss1, peak = _rss_kb()
+    fds = len(os.listdir("/proc/self/fd")) - fds0
+    for k in range(1, batches + 1):
+        loader.window_ids(k)
+    t4 = time.perf_counter()
+    for _ in range(batches):
+        loader.next_batch()
+    t5 = time.perf_counter()
+    return {"windows": loader.n_windows, "init_ms": (t1 - t0) * 1e3, "order_ms": (t2 - t1) * 1e3,
+            "startup_ms": (t3 - t0) * 1e3, "rss_mb": (rss1 - rss0) / 1024,
+            "peak_mb": (peak - rss0) / 1024, "fds": fds, "ids_ms": (t4 - t3) / batches * 1e3,
+            "batch_ms": (t5 - t4) / batches * 1e3, "fd_soft_limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0]}
+
+
+def _in_fresh_process(*args) -> dict:
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(scale_case, *args).result()
+
+
+def scale_check(args: argparse.Namespace) -> None:
+    root = Path(tempfile.mkdtemp(prefix="scalevec-loader-", dir=args.scale_dir)) / "data"
+    try:
+        t0 = time.perf_counter()
+        synthetic_dir(root, int(args.scale_tokens))
+        meta = read_meta(root)
+        used = sum(p.stat().st_blocks * 512 for p in root.iterdir())
+        print(f"synthetic dir: {meta['splits']['train']['tokens']:,} train tokens in "
+              f"{len(meta['splits']['train']['shards']):,} shards of {DEFAULT_SHARD_TOKENS:,} uint16 tokens "
+              f"(sparse: {used / 1e6:.1f} MB on disk), written in {time.perf_counter() - t0:.1f} s; rank "
+              f"{SCALE_RANK} of {SCALE_WORLD}, a fresh process per case, median [min–max] of {args.repeats}; "
+              f"torch {torch.__version__}, numpy {np.__version__}")
+        for b, seq_len in SCALE_SHAPES:
+            for order in ("feistel", "permutation"):
+                runs = [_in_fresh_process(str(root), b, seq_len, order, args.batches) for _ in range(args.repeats)]
+                r = {k: [x[k] for x in runs] for k in runs[0]}
+                print(f"  {b}×{seq_len} ({r['windows'][0]:,} windows), {order}: start-up "
+                      f"{span(r['startup_ms'], 0)} ms (constructor {span(r['init_ms'], 0)}, the order's first use "
+                      f"{span(r['order_ms'], 1)}); RSS +{span(r['rss_mb'], 1)} MB (peak +{span(r['peak_mb'], 1)}); "
+                      f"{r['fds'][0]:,} files open; per batch: order {span(r['ids_ms'], 3)} ms, next_batch "
+                      f"{span(r['batch_ms'], 1)} ms")
+        soft = 1024
+        res = _in_fresh_process(str(root), *SCALE_SHAPES[0], "feistel", 1, soft)
+        print(f"  with a soft limit of {soft} open files (`ulimit -n {soft}`, a common default): "
+              + (res["error"] if "error" in res else f"fine ({res['fds']:,} files held open, the soft limit "
+                                                     f"raised to {res['fd_soft_limit']:,})"))
+    finally:
+        shutil.rmtree(root.parent)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m scripts.bench_loader", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -193,7 +324,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--d-model", type=int, default=256)
     p.add_argument("--n-layers", type=int, default=4)
     p.add_argument("--n-heads", type=int, default=4)
+    p.add_argument("--scale-check", action="store_true", help="measure the loader on a synthetic dir of "
+                   "--scale-tokens tokens (sparse files, removed afterwards) instead; see above")
+    p.add_argument("--scale-tokens", type=float, default=106e9, help="train tokens of the --scale-check dir")
+    p.add_argument("--scale-dir", help="where the --scale-check dir goes (default: the system's temp dir)")
     args = p.parse_args(argv)
+    if args.scale_check:
+        if args.repeats < 1 or args.batches < 1 or args.scale_tokens < DEFAULT_SHARD_TOKENS / 50:
+            p.error("--scale-check needs --repeats ≥ 1, --batches ≥ 1 and --scale-tokens ≥ 2e6")
+        return scale_check(args)
     shapes = [tuple(int(v) for v in s.lower().split("x")) for s in args.shapes.split(",")]
     data_dir = args.data_dir or str(ensure_prepared(
         DataConfig(dir="data_cache/pd_english_bpe8192", tokenizer="bpe:8192", seq_len=max(L for _, L in shapes))))
