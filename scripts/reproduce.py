@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Optional
 
 from config import ConfigError, load_config
+from repro.paper import canonical
 from repro.proxy import PROXY, Shape, run_overrides
 from repro.figures import FIGURES, Figure
 
@@ -46,10 +47,16 @@ def jobs(fig: Figure, scale: str, seeds: int, out_dir: str, overrides: list[str]
 
 def make_job(fig: Figure, run: str, scale: str, seed: int, seeds: int, out_dir: str, overrides: list[str] = (),
              suffix: str = "", shape: Optional[Shape] = None) -> Job:
-    """One (run, seed) of a figure. At --scale tiny the run becomes its CPU proxy (repro/proxy.py) at `shape`
-    (default: the run's own proxy shape). `overrides` come last (they win over the proxy's sizes); `suffix` tells
-    apart the run directories of a run changed by them or by `shape` (scripts/results.py: "-lr2e-3", "-d32L4")."""
-    path = Path(os.path.relpath(fig.config(run)))  # as a user would type it from the repository root
+    """One (run, seed) of a figure. At paper scale a run that is the same experiment as an earlier figure's trains
+    as that one, in its run directory (repro/paper.py: Fig. 5's baseline is fig1-baseline). At --scale tiny the run
+    becomes its CPU proxy (repro/proxy.py) at `shape` (default: the run's own proxy shape). `overrides` come last
+    (they win over the proxy's sizes); `suffix` tells apart the run directories of a run changed by them or by
+    `shape` (scripts/results.py: "-lr2e-3", "-d32L4")."""
+    home = fig.config(run)
+    if scale == "paper":
+        number, first = canonical(fig.number, run, tuple(overrides))
+        home = FIGURES[number].config(first)
+    path = Path(os.path.relpath(home))  # as a user would type it from the repository root
     cfg = load_config(path)
     name = cfg.log.run_name + ("-tiny" if scale == "tiny" else "") + suffix + (f"-s{seed}" if seeds > 1 else "")
     argv = ["--config", str(path)]
@@ -86,11 +93,13 @@ def launch(cmd: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("figure", choices=sorted(FIGURES, key=int), help="the paper's figure number")
+    p.add_argument("figure", choices=[*sorted(FIGURES, key=int), "all"],
+                   help="the paper's figure number, or all: every figure, a run that several read trained once")
     p.add_argument("--scale", choices=["paper", "tiny"], default="paper")
     p.add_argument("--seeds", type=int, default=1, help="runs per curve, seeds 0..N-1 (init and data order)")
     p.add_argument("--out-dir", default="runs", help="parent of the run directories")
-    p.add_argument("--plot-dir", type=Path, help="where the figure goes (default: <out-dir>/fig<N>[-tiny])")
+    p.add_argument("--plot-dir", type=Path, help="where the figure goes (default: <out-dir>/fig<N>[-tiny]; with all, "
+                                                 "<plot-dir>/fig<N>[-tiny])")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     p.add_argument("--plot-only", action="store_true", help="draw the figure from the runs as they are, run nothing")
     p.add_argument("--log-x", action="store_true", help="tokens on a log axis")
@@ -98,10 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_intermixed_args(argv)
     if args.seeds < 1:
         p.error("--seeds must be at least 1")
-    fig = FIGURES[args.figure]
+    figs = list(FIGURES.values()) if args.figure == "all" else [FIGURES[args.figure]]
     nproc = int(os.environ.get("NPROC", "8"))
     try:
-        todo = jobs(fig, args.scale, args.seeds, args.out_dir, args.overrides)
+        per_fig = {f.number: jobs(f, args.scale, args.seeds, args.out_dir, args.overrides) for f in figs}
+        # a run directory that several figures read (paper scale: repro/paper.py) is trained once
+        todo = list({job.run_name: job for js in per_fig.values() for job in js}.values())
         for job in todo:  # every run's config must load before anything starts
             load_config([a for a, b in zip(job.argv[1:], job.argv) if b == "--config"],
                         [a for a in job.argv if "=" in a and not a.startswith("--")])
@@ -111,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         for job in todo:
             print(shown(command(job, args.scale, nproc)))
+        if len(figs) > 1:
+            print(f"{len(todo)} runs for the {sum(map(len, per_fig.values()))} runs of Figs. "
+                  f"{', '.join(per_fig)}; `python -m scripts.plan` gives their data and compute", file=sys.stderr)
         return 0
 
     from repro.runs import load_run
@@ -127,16 +141,18 @@ def main(argv: list[str] | None = None) -> int:
             return code
 
     from repro.plotting import draw_figure
-    runs = {}
-    for job in todo:
-        try:
-            runs.setdefault(job.run, []).append(load_run(Path(args.out_dir) / job.run_name))
-        except FileNotFoundError as e:
-            print(f"error: {e} (run the same command without --plot-only first)", file=sys.stderr)
-            return 2
-    plot_dir = args.plot_dir or Path(args.out_dir) / (f"fig{fig.number}" + ("-tiny" if args.scale == "tiny" else ""))
-    for path in draw_figure(fig, runs, plot_dir, log_x=args.log_x):
-        print(f"wrote {path}")
+    for fig in figs:
+        runs = {}
+        for job in per_fig[fig.number]:
+            try:
+                runs.setdefault(job.run, []).append(load_run(Path(args.out_dir) / job.run_name))
+            except FileNotFoundError as e:
+                print(f"error: {e} (run the same command without --plot-only first)", file=sys.stderr)
+                return 2
+        name = f"fig{fig.number}" + ("-tiny" if args.scale == "tiny" else "")
+        plot_dir = (args.plot_dir / name if len(figs) > 1 else args.plot_dir) if args.plot_dir else None
+        for path in draw_figure(fig, runs, plot_dir or Path(args.out_dir) / name, log_x=args.log_x):
+            print(f"wrote {path}")
     return 0
 
 
