@@ -98,11 +98,36 @@ def read_meta(data_dir: str | Path) -> dict:
     return load_meta(data_dir).to_dict()
 
 
+FD_HEADROOM = 256  # open files left for everything else (sockets, checkpoints, compile caches, wandb)
+
+
+def make_room_for_files(n: int, data_dir: Path) -> None:
+    """Each memory-mapped shard holds a file descriptor while the split is open: 1,060 for 106B tokens in 100M-token
+    shards (scripts/bench_loader.py --scale-check), above the 1,024 that many systems allow by default. Raise this
+    process's soft limit of open files to make room for `n` more, up to the hard limit (no privilege needed), or
+    say what to do."""
+    try:
+        import resource
+    except ImportError:  # not POSIX: no such limit to manage
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    fd_dir = Path("/proc/self/fd")
+    need = (len(list(fd_dir.iterdir())) if fd_dir.is_dir() else 0) + n + FD_HEADROOM
+    if soft == resource.RLIM_INFINITY or need <= soft:
+        return
+    if hard != resource.RLIM_INFINITY and need > hard:
+        raise DataError(f"{data_dir}: its {n:,} shards hold {n:,} open files, but this process may open at most "
+                        f"{hard:,} (`ulimit -Hn`); raise the limit (`ulimit -n {need}` as root or in "
+                        "/etc/security/limits.conf) or re-prepare with fewer, larger shards (--shard-tokens)")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+
+
 def _open_split(data_dir: Path, meta: Meta, split: str) -> list[np.ndarray]:
     info = meta.splits.get(split)
     if info is None or not info.shards:
         what = "an eval-only set" if meta.eval_only else "prepared without it"
         raise DataError(f"{data_dir} has no {split} split ({what})")
+    make_room_for_files(len(info.shards), data_dir)
     arrays = []
     for shard in info.shards:
         arr = open_shard(data_dir / shard.file)

@@ -410,3 +410,24 @@ def test_val_stream_is_fixed_and_split_evenly_across_ranks(tmp_path):
     assert sum(x.numel() for x, _ in val_batches(d, seq_len, b, 0, 1, None)) == (999 // 16) * 16
     with pytest.raises(DataError, match="fewer than the 3 rank"):
         list(val_batches(d, seq_len, b, 0, 3, max_tokens=20))
+
+
+def test_a_split_of_many_shards_raises_the_open_file_limit(tmp_path, monkeypatch):
+    """Each memory-mapped shard holds a file descriptor (106B tokens: 1,060 shards, above a common default of 1,024):
+    opening a split raises the soft limit up to the hard one, and past the hard one says what to do."""
+    import resource
+
+    from data import loader as loader_mod
+    d = make_dir(tmp_path / "d", [40] * 30)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    now = len(list(Path("/proc/self/fd").iterdir()))
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (now + 10, hard))
+        loader = TrainLoader(d, 8, 2)
+        assert len(loader.shards) == 30 and loader.next_batch()[0].shape == (2, 8)
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] >= now + 30 + loader_mod.FD_HEADROOM
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (now + 10, now + 20))
+    with pytest.raises(DataError, match=r"30 shards hold 30 open files.*ulimit -Hn.*--shard-tokens"):
+        TrainLoader(d, 8, 2)
