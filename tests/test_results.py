@@ -44,9 +44,14 @@ def miniature(data_dir, tmp_path_factory):  # noqa: F811
         train.main(cmd[2:])
         return 0
 
+    def measured_in_process(cmd, threads, log=None):
+        assert threads >= 1 and log is None  # one run at a time
+        c0 = results.cpu_now()
+        return run_in_process(cmd), results.cpu_now() - c0
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(reproduce, "launch", run_in_process)
-        mp.setattr(results, "launch", run_in_process)
+        mp.setattr(results, "launch", measured_in_process)
         import io
         from contextlib import redirect_stdout
         out = io.StringIO()
@@ -133,3 +138,48 @@ def test_second_invocation_runs_nothing_and_refuses_another_config(miniature, ca
     # A finished run dir of another config than the command's: an error naming the key, nothing reused.
     assert results.main([*argv, "optim.weight_decay=0.05"]) == 2
     assert "optim.weight_decay" in capsys.readouterr().err
+
+
+def test_launch_reports_the_exit_code_and_the_cpu_time_of_its_process(tmp_path, monkeypatch):
+    """The run's own CPU seconds (os.wait4), not this process's, and its thread count in OMP_NUM_THREADS; with a log,
+    its output goes there."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    busy = "import os, time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n" \
+           "print('threads', os.environ['OMP_NUM_THREADS'])\nraise SystemExit(3)"
+    log = tmp_path / "run.log"
+    code, cpu = results.launch([sys.executable, "-c", busy], 1, log)
+    assert code == 3 and 0.3 <= cpu < 5 and "threads 1" in log.read_text()
+
+
+def test_jobs_run_side_by_side_in_plan_order(tmp_path, monkeypatch):
+    """--jobs 2: every unfinished run once, each with cores // 2 threads and its own log, the ledger summed per run."""
+    import threading
+    import time
+    from scripts.results import CpuLedger, Unique, run_all
+    from scripts.reproduce import Job
+    started, lock, running, most = [], threading.Lock(), [0], [0]
+    both = threading.Barrier(2, timeout=10)  # the first two runs must be in flight together
+
+    def fake(cmd, threads, log):
+        name = cmd[cmd.index("--name") + 1]
+        with lock:
+            started.append((name, threads, log.name))
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        if name in ("a", "b"):
+            both.wait()
+        time.sleep(0.05)
+        with lock:
+            running[0] -= 1
+        return (1 if name == "b" else 0), 0.5
+
+    monkeypatch.setattr(results, "command", lambda job, scale, nproc: ["train.py", "--name", *job.argv])
+    monkeypatch.setattr(results, "config_of", lambda argv: None)
+    monkeypatch.setattr(results.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(results, "launch", fake)
+    uniques = [Unique(Job("r", 0, name, [name]), name) for name in ("a", "b", "c")]
+    ledger = CpuLedger(tmp_path)
+    assert run_all(uniques, tmp_path, ledger, jobs=2) == ["b"]
+    assert most[0] == 2  # side by side, never more
+    assert sorted(started) == [("a", 2, "a.log"), ("b", 2, "b.log"), ("c", 2, "c.log")]
+    assert ledger.seconds == {"a": 0.5, "b": 0.5, "c": 0.5}
