@@ -1,2 +1,15 @@
-"""The reproduction of the paper's figures: which runs each figure needs, how a run becomes a CPU proxy, reading
-runs, the statistics and the results page. The commands that use it are thin scripts in scripts/."""
+"""The reproduction of the paper's figures, in the order of its stages (the commands are thin scripts in scripts/):
+
+    figures.py      which runs make up each figure and panel (configs/figures/fig<N>/)
+    experiments.py  when two runs are the same experiment (resolved config outside log.*)
+    paper.py        the paper-scale plan: unique runs, their data, their compute (scripts/plan.py)
+    proxy.py        how a paper run becomes a CPU proxy run: shapes, steps, batch, tokens per parameter
+    comparisons.py  what docs/results.md compares, with the paper's numbers (PAPER.md §4)
+    runs.py         reading a run directory: config.yaml and metrics.jsonl, never wandb
+    stats.py        paired deltas, intervals, MDE, verdicts on sign and size, chance
+    laws.py         power laws in compute, equal-loss multipliers, exponent intervals, crossings
+    measure.py      what the runs measured per comparison (rows, curves, shared runs)
+    plotting.py     figures, Δ-loss curves with bands, scaling-law plots
+    sections.py     one comparison's part of the page
+    page.py         docs/results.md (scripts/results.py writes it); v1.py keeps the first page's numbers
+"""
