@@ -268,8 +268,8 @@ def scale_case(data_dir: str, micro_batch: int, seq_len: int, order: str, batche
         loader.next_batch()
     t5 = time.perf_counter()
     return {"windows": loader.n_windows, "init_ms": (t1 - t0) * 1e3, "order_ms": (t2 - t1) * 1e3,
-            "startup_ms": (t3 - t0) * 1e3, "rss_mb": (rss1 - rss0) / 1024,
-            "peak_mb": (peak - rss0) / 1024, "fds": fds, "ids_ms": (t4 - t3) / batches * 1e3,
+            "startup_ms": (t3 - t0) * 1e3, "rss_mib": (rss1 - rss0) / 1024,
+            "peak_mib": (peak - rss0) / 1024, "fds": fds, "ids_ms": (t4 - t3) / batches * 1e3,
             "batch_ms": (t5 - t4) / batches * 1e3, "fd_soft_limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0]}
 
 
@@ -296,14 +296,14 @@ def scale_check(args: argparse.Namespace) -> None:
                 r = {k: [x[k] for x in runs] for k in runs[0]}
                 print(f"  {b}×{seq_len} ({r['windows'][0]:,} windows), {order}: start-up "
                       f"{span(r['startup_ms'], 0)} ms (constructor {span(r['init_ms'], 0)}, the order's first use "
-                      f"{span(r['order_ms'], 1)}); RSS +{span(r['rss_mb'], 1)} MB (peak +{span(r['peak_mb'], 1)}); "
+                      f"{span(r['order_ms'], 1)}); RSS +{span(r['rss_mib'], 1)} MiB (peak +{span(r['peak_mib'], 1)}); "
                       f"{r['fds'][0]:,} files open; per batch: order {span(r['ids_ms'], 3)} ms, next_batch "
                       f"{span(r['batch_ms'], 1)} ms")
         soft = 1024
         res = _in_fresh_process(str(root), *SCALE_SHAPES[0], "feistel", 1, soft)
         print(f"  with a soft limit of {soft} open files (`ulimit -n {soft}`, a common default): "
               + (res["error"] if "error" in res else f"fine ({res['fds']:,} files held open, the soft limit "
-                                                     f"raised to {res['fd_soft_limit']:,})"))
+                                                     f"then {res['fd_soft_limit']:,})"))
     finally:
         shutil.rmtree(root.parent)
 
