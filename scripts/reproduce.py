@@ -5,7 +5,7 @@
     python -m scripts.reproduce 10 --scale tiny -- log.wandb.mode=disabled   # key=value after -- goes to every run
     NPROC=8 python -m scripts.reproduce 6 --out-dir runs       # the paper's Fig. 6 on one 8-GPU machine
 
-Runs come from configs/figures/fig<N>/ (scripts/figures.py lists their panels). Each (run, seed) has its own run
+Runs come from configs/figures/fig<N>/ (repro/figures.py lists their panels). Each (run, seed) has its own run
 directory, `<out-dir>/<run name>[-tiny][-s<seed>]`: a finished one is skipped and an unfinished one resumes, so the
 same command continues an interrupted reproduction. At the end the figure is drawn from the runs' metrics.jsonl
 (scripts/plot.py: curves, Δ-loss against each panel's reference, mean and band over seeds, the terminal-delta table).

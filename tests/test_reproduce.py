@@ -8,8 +8,8 @@ import pytest
 
 from config import load_config
 from repro import proxy
+from repro.figures import FIGURES
 from scripts import reproduce
-from scripts.figures import FIGURES
 from test_train import data_dir  # noqa: F401 - a fixture
 
 
