@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import re
 import sys
+from pathlib import Path
 
 import pytest
 from test_train import data_dir  # noqa: F401 - a fixture
@@ -183,3 +184,30 @@ def test_jobs_run_side_by_side_in_plan_order(tmp_path, monkeypatch):
     assert most[0] == 2  # side by side, never more
     assert sorted(started) == [("a", 2, "a.log"), ("b", 2, "b.log"), ("c", 2, "c.log")]
     assert ledger.seconds == {"a": 0.5, "b": 0.5, "c": 0.5}
+
+
+def test_every_planned_run_is_sized_by_the_proxy_rules():
+    """Before anything runs: every unique run of the page (ladder rungs and MoE included) trains ≥ 10 tokens per
+    compute parameter of its own (its strategy's extra vectors counted) in ≥ 1,000 steps with a 5 % warmup, reading
+    the built-in corpus at most 4 times; and the ladders keep one tokens-per-parameter ratio and span ≥ 8× (Fig. 6)
+    in compute."""
+    from repro import proxy
+    from repro.comparisons import Plan
+    from repro.experiments import config_of
+    from scripts.results import plan_runs
+    uniques, _ = plan_runs(Plan(4), "runs/results")
+    assert len(uniques) == 36 * 4
+    ratios = {}
+    for u in uniques:
+        cfg = config_of(u.job.argv)
+        tokens = cfg.train.steps * cfg.train.global_batch * cfg.data.seq_len
+        n = proxy.compute_params(cfg)
+        assert tokens >= proxy.MIN_TOKENS_PER_PARAM * n, u.job.run_name
+        assert cfg.train.steps >= proxy.MIN_STEPS and cfg.schedule.warmup_steps == round(0.05 * cfg.train.steps)
+        assert tokens <= proxy.MAX_PASSES * proxy.BUILTIN_BPE1024_TRAIN_TOKENS, u.job.run_name
+        ratios[u.job.run_name] = tokens / n
+    for ladder, runs in (("fig6", proxy.DENSE_LADDER), ("fig7", proxy.MOE_LADDER)):
+        base = [r for name, r in ratios.items() if name.startswith(f"{ladder}-") and "baseline" in name]
+        assert base and max(base) - min(base) < 0.05  # one ratio (10.5, to the rounding of the steps)
+    sizes = [proxy.size(Path("configs/figures/fig6/0.12b_baseline.yaml"), s) for s in proxy.DENSE_LADDER]
+    assert (sizes[-1].compute_params * sizes[-1].tokens) / (sizes[0].compute_params * sizes[0].tokens) >= 8
