@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 import signal
 import sys
 import time
@@ -369,5 +370,8 @@ if __name__ == "__main__":
     try:
         main()
     except _user_errors() as e:
-        print(f"error: {e}", file=sys.stderr)
+        # A config error is the same on every rank (each reads the same config): rank 0 says it, once per run.
+        # Other errors may be one rank's own (its node's data, its disk), so each rank says its own.
+        if not isinstance(e, ConfigError) or os.environ.get("RANK", "0") == "0":
+            print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

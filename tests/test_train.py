@@ -461,3 +461,15 @@ def test_a_stop_seen_by_one_rank_stops_every_rank_at_the_same_step(data_dir, tmp
     spawn(_term_worker, (2, free_port(), argv), nprocs=2)
     assert records(tmp_path / "term2", "train")[-1]["step"] == 3
     assert latest_checkpoint(tmp_path / "term2" / "checkpoints").name == "step_00000003"
+
+
+def test_a_config_error_under_torchrun_is_said_once(tmp_path):
+    """Every rank refuses a bad config with exit code 2; only rank 0 prints the message (not once per GPU)."""
+    import subprocess
+    import sys
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}  # torchrun's torchelastic_* go there
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port",
+                           str(free_port()), "train.py", "train.steps=many"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode != 0
+    assert proc.stderr.count("error: train.steps") == 1, proc.stderr
