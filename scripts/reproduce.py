@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Optional
 
 from config import ConfigError, load_config
+from repro.figures import FIGURES, Figure
 from repro.paper import canonical
 from repro.proxy import PROXY, Shape, run_overrides
-from repro.figures import FIGURES, Figure
+
 
 @dataclass(frozen=True)
 class Job:
