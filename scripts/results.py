@@ -2,6 +2,7 @@
 
     python -m scripts.results                       # run what is missing (4 seeds each), then write docs/results.md
     python -m scripts.results --page-only           # rewrite the page from the runs as they are, run nothing
+    python -m scripts.results --page-only --archive docs/results_runs   # and keep what it read, to rewrite it later
     python -m scripts.results --dry-run             # list the runs and their commands
     python -m scripts.results --seeds 8 -- key=value   # more seeds; key=value after -- goes to every run
 
@@ -21,6 +22,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import threading
@@ -68,9 +70,10 @@ def plan_runs(plan: Plan, out_dir: str) -> tuple[list[Unique], dict[tuple[str, i
 
 class CpuLedger:
     """CPU seconds per run directory, summed over every invocation: `<out-dir>/cpu_seconds.json`."""
+    FILE = "cpu_seconds.json"
 
     def __init__(self, out_dir: Path):
-        self.path = Path(out_dir) / "cpu_seconds.json"
+        self.path = Path(out_dir) / self.FILE
         self.seconds: dict[str, float] = json.loads(self.path.read_text()) if self.path.exists() else {}
 
     def add(self, run: str, seconds: float) -> None:
@@ -149,6 +152,37 @@ def run_all(uniques: list[Unique], out_dir: Path, ledger: CpuLedger, jobs: int =
     return failed
 
 
+ARCHIVED = ("config.yaml", "metrics.jsonl")  # what the page reads of a run
+
+
+def archive(uniques: list[Unique], out_dir: Path, dest: Path) -> int:
+    """Copy what the page reads — each finished run's config.yaml and metrics.jsonl, and the CPU ledger — to `dest`,
+    replacing an earlier archive there, so that `--page-only --out-dir DEST` writes the same page from it. A `dest`
+    that holds anything else is refused (it is not an archive). Returns the number of runs archived."""
+    dest = Path(dest)
+    if dest.exists():
+        foreign = [p.name for p in dest.iterdir() if not (p.name == CpuLedger.FILE or (
+            p.is_dir() and all(f.name in ARCHIVED for f in p.iterdir())))]
+        if foreign:
+            raise FileNotFoundError(f"{dest} holds more than run archives ({', '.join(sorted(foreign)[:3])}): give an "
+                                    "empty directory or an earlier archive")
+        for p in dest.iterdir():
+            if p.is_dir():
+                shutil.rmtree(p)
+    dest.mkdir(parents=True, exist_ok=True)
+    n = 0
+    for u in uniques:
+        run_dir = out_dir / u.job.run_name
+        if (run_dir / "config.yaml").exists() and load_run(run_dir).finished:
+            (dest / u.job.run_name).mkdir()
+            for name in ARCHIVED:
+                shutil.copy2(run_dir / name, dest / u.job.run_name / name)
+            n += 1
+    if (out_dir / CpuLedger.FILE).exists():
+        shutil.copy2(out_dir / CpuLedger.FILE, dest / CpuLedger.FILE)
+    return n
+
+
 def prepare_wikitext(train_dir: str, out: Path, source: Optional[Path]) -> None:
     """WikiText-2's raw test set as an eval-only set, in the training data's tokenizer (data.prepare --eval-only)."""
     from data.config import DataConfig
@@ -176,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
                    "1.2× the throughput, see run_all)")
     p.add_argument("--dry-run", action="store_true", help="print the runs' commands, run nothing")
     p.add_argument("--page-only", action="store_true", help="write the page from the runs as they are")
+    p.add_argument("--archive", type=Path, metavar="DIR", help="then copy what the page reads (each finished run's "
+                   "config.yaml and metrics.jsonl, the CPU ledger) to DIR, e.g. docs/results_runs")
     p.add_argument("overrides", nargs="*", help="key=value overrides for every run (after --)")
     args = p.parse_intermixed_args(argv)
     if args.seeds < 1 or args.jobs < 1:
@@ -210,6 +246,12 @@ def main(argv: list[str] | None = None) -> int:
     from repro.page import write_page
     write_page(plan, where, args.page, ledger.total, Path(args.wikitext_dir).name)
     print(f"wrote {args.page}")
+    if args.archive:
+        try:
+            print(f"archived {archive(uniques, out_dir, args.archive)} runs in {args.archive}")
+        except FileNotFoundError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     print(f"CPU time: {(ledger.total - c0) / 3600:.2f} h in this invocation, {ledger.total / 3600:.2f} h for all "
           f"{len(ledger.seconds)} runs")
     return 1 if failed else 0

@@ -141,6 +141,30 @@ def test_second_invocation_runs_nothing_and_refuses_another_config(miniature, ca
     assert "optim.weight_decay" in capsys.readouterr().err
 
 
+def test_the_page_comes_back_from_its_archive(miniature, tmp_path, capsys):
+    """--archive keeps what the page read; --page-only from the archive writes the same page, and an archive is
+    never written over a directory that holds anything else."""
+    argv, runs, page, out = miniature
+    keep, again = tmp_path / "archive", tmp_path / "docs" / "results.md"
+    (keep / "old-run").mkdir(parents=True)  # an earlier archive's run: replaced
+    (keep / "old-run" / "metrics.jsonl").write_text("")
+    flags = argv[argv.index("--lrs"):]
+    assert results.main(["--seeds", str(SEEDS), "--out-dir", str(runs), "--page", str(tmp_path / "p.md"),
+                         "--page-only", "--archive", str(keep), *flags]) == 0
+    assert f"archived {EXPERIMENTS * SEEDS} runs" in capsys.readouterr().out
+    assert sorted(p.name for p in keep.iterdir()) == sorted([*(p.name for p in runs.iterdir() if p.is_dir()
+                                                               and p.name != "logs"), "cpu_seconds.json"])
+    assert results.main(["--seeds", str(SEEDS), "--out-dir", str(keep), "--page", str(again), "--page-only",
+                         *flags]) == 0
+    assert again.read_text() == page.read_text()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "notes.txt").write_text("mine")
+    assert results.main(["--seeds", str(SEEDS), "--out-dir", str(runs), "--page", str(tmp_path / "p.md"),
+                         "--page-only", "--archive", str(tmp_path / "elsewhere"), *flags]) == 2
+    assert "holds more than run archives (notes.txt)" in capsys.readouterr().err
+    assert (tmp_path / "elsewhere" / "notes.txt").read_text() == "mine"
+
+
 def test_launch_reports_the_exit_code_and_the_cpu_time_of_its_process(tmp_path, monkeypatch):
     """The run's own CPU seconds (os.wait4), not this process's, and its thread count in OMP_NUM_THREADS; with a log,
     its output goes there."""
