@@ -27,9 +27,9 @@ with the row's changes (MoE: `--config configs/tiny_moe.yaml` first, `model.moe.
     MoE d 64, top-2 of 8, BPE 2048, compiled bf16          14–15k tok/s   (the per-expert loop does not compile well)
 
 The 1,024-token BPE halves the LM head (at d 64 it is a quarter of N instead of 40 %) and its tokens go 1.4× faster
-than the 2,048-token BPE's, so 10 tokens per parameter costs about a minute per dense run, which leaves room for
-four seeds of every comparison in about 8 CPU-hours. The corpus holds 3.49M training tokens in it: the largest run
-(the top rung of Fig. 6's ladder) reads 1.6 passes.
+than the 2,048-token BPE's: the 0.12B proxy's 2.75M tokens (10.5 per parameter) take about a minute of training at
+those speeds. The corpus holds 3.49M training tokens in it; the largest run (the top rung of Fig. 7's ladder, 6.48M
+tokens) reads 1.86 passes.
 """
 from __future__ import annotations
 
