@@ -166,18 +166,6 @@ def size(figure_config: Path, shape: Shape, overrides: tuple[str, ...] = ()) -> 
     return Sizing(shape, n, rows, steps, max(1, round(WARMUP_FRAC * steps)), corpus_tokens(base))
 
 
-def check(sizing: Sizing, params: int) -> list[str]:
-    """What keeps a run of `params` compute parameters sized by `sizing` from the proxy's rules (empty: none)."""
-    problems = []
-    if sizing.tokens / params < MIN_TOKENS_PER_PARAM:
-        problems.append(f"{sizing.tokens / params:.2f} tokens per parameter (< {MIN_TOKENS_PER_PARAM:g})")
-    if sizing.steps < MIN_STEPS:
-        problems.append(f"{sizing.steps} steps (< {MIN_STEPS})")
-    if sizing.passes > MAX_PASSES:
-        problems.append(f"{sizing.passes:.2f} passes over the corpus (> {MAX_PASSES})")
-    return problems
-
-
 def run_overrides(figure_config: Path, cfg: RunConfig, shape: Optional[Shape] = None, steps_factor: float = 1.0,
                   overrides: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The key=value overrides that make the paper run `cfg` (from `figure_config`) its proxy at `shape` (default
