@@ -222,7 +222,7 @@ def proxy_why() -> list[str]:
         "[configs/proxy/tiny.yaml](../configs/proxy/tiny.yaml) layered over it by `scripts.reproduce --scale tiny`: "
         "the built-in public-domain English corpus (Shakespeare and the King James Bible, offline) in a trained "
         f"BPE, sequences of {proxy.SEQ_LEN}, heads of {proxy.HEAD_DIM}. Llama-0.12B's proxy is {dense.label} "
-        f"(compiled bf16), MoE-0.5B's {moe.label} with top-{max(1, moe.n_experts // 4)} routing (eager fp32). "
+        f"and MoE-0.5B's {moe.label} with top-{max(1, moe.n_experts // 4)} routing, both eager fp32. "
         f"Every run's batch and steps are sized by its tokens per parameter (repro/proxy.py): "
         f"{proxy.TOKENS_PER_PARAM:g} × N tokens, N the baseline strategy's compute parameters at the run's shape, "
         f"in ≥ {proxy.MIN_STEPS:,} steps with a warmup of {proxy.WARMUP_FRAC:.0%} of them (the paper's 1,000 of "
