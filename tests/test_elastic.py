@@ -1,6 +1,7 @@
 """Elastic resume through train.py on CPU ranks: a run stopped on 2 ranks continues on 1 (twice the micro-batch), then
 on 2 again, and every optimizer step trains on the same tokens as the uninterrupted run (its `batch_digest`), with
-losses and weights within fp32 reduction-order differences; a layout that cannot hold the global batch is refused
+losses and weights within the reduction-order bounds of their dtype (the dense Muon run in fp64, the MoE run in fp32:
+the comment below says why); a layout that cannot hold the global batch is refused
 before anything is touched."""
 from __future__ import annotations
 

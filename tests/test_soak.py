@@ -1,7 +1,8 @@
 """The kill soak in miniature (scripts/soak.py; its 25-minute report is in docs/reliability.md): a 2-rank run
 SIGKILLed twice — once while a checkpoint is being written, once at a random moment — and restarted with the same
 command each time ends bit-identical to the uninterrupted run, having resumed each time from the newest complete
-checkpoint; a third kill that restarts it on 1 rank keeps every step's tokens and stays within fp32 rounding."""
+checkpoint; a third kill that restarts it on 1 rank keeps every step's tokens and stays within fp64
+reduction-order bounds (the soak runs in fp64)."""
 from __future__ import annotations
 
 import json

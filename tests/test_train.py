@@ -162,7 +162,7 @@ def test_gradient_accumulation_matches_one_batch(data_dir, tmp_path):
 def test_two_fsdp_ranks_match_one_process(data_dir, tmp_path, optimizer):
     """float64 (the same FSDP2 path as float32: no mixed-precision policy), so that what is compared is the sharding,
     not float32 summation order, which Adam's normalization and Newton–Schulz amplify after a few steps until the
-    difference depends on the CPU's kernels. Newton–Schulz in float32 (the config's most precise): the float32 casts
+    difference depends on the CPU's kernels. Newton–Schulz in float32 (not the default bf16): the float32 casts
     of float64 updates that agree to ~1e-16 are the same bits but for a ~1e-9 chance per entry."""
     extra = (f"optim.name={optimizer}", "train.steps=10", "train.eval_every=100", "optim.muon.ns_dtype=float32",
              "train.dtype=float64")
