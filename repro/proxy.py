@@ -41,7 +41,7 @@ says AVX2), one thread per run as `scripts.results --jobs 2` runs them, the dens
     d 64, 4 layers, compiled fp32, unified                       6.7–6.9k tok/s, 126 s for 150 steps (compiling)
     d 64, 4 layers, eager fp32, unified                          5.9–6.0k tok/s,  76 s for 150 steps
 
-so the proxy runs eager fp32 everywhere: bf16 is 5.5× slower on a CPU that has no bf16 arithmetic, and in fp32 the
+so the proxy runs eager fp32 everywhere: bf16 is 5.4× slower (7.6k / 1.4k) on a CPU that has no bf16 arithmetic, and in fp32 the
 compile costs about a minute per run for at most 1.15× per step. Runs of one page may be done in parts on different
 CPUs; fp32 keeps each part's speed predictable.
 """
