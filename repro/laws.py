@@ -167,10 +167,17 @@ class LadderLaw:
         return "below" if c < min(self.compute) else "above" if c > max(self.compute) else "inside"
 
     @property
+    def resolved(self) -> bool:
+        """The ladder's multiplier (the geometric mean over the rungs, over the seeds' own laws) has a 95 % interval
+        that excludes 1. Parallel laws alone are not enough for a headline: with few seeds the exponents'
+        interval is wide enough to hold 0 whatever the laws do, and then so is the multiplier's."""
+        return self.mean_multiplier is not None and self.mean_multiplier.n >= 2 and self.mean_multiplier.resolved
+
+    @property
     def log_headline(self) -> Optional[float]:
         """One multiplier for the whole ladder (the log of the geometric mean over the rungs), only for parallel
-        laws that fall with compute."""
-        if not (self.parallel and self.falling):
+        laws that fall with compute and a multiplier whose interval excludes 1."""
+        if not (self.parallel and self.falling and self.resolved):
             return None
         return sum(self.log_multipliers) / len(self.log_multipliers)
 

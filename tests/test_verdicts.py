@@ -176,6 +176,24 @@ def test_parallel_laws_have_one_multiplier():
     assert "the laws are parallel within it" in lines
 
 
+def test_parallel_laws_whose_multiplier_holds_1_have_no_headline():
+    """Parallel laws (the exponents' interval holds 0), but each seed's unified curve sits up to 1 % off at every
+    rung alike, so the ladder's multiplier is unresolved: no headline."""
+    ref, other = PowerLaw(3.0, -0.05), PowerLaw(2.995, -0.05)  # a true multiplier of (3/2.995)^20 ≈ 1.03×
+    rungs = synthetic_ladder(ref, other, [1, 4, 16, 64])
+    for rung in rungs:  # a per-seed offset moves a seed's a, not its b: log multiplier ±0.01/0.05 = ±0.2
+        rung.losses["unified"].update({s: L * (1 + 0.01 * math.sin(1.3 * s + 0.4))
+                                       for s, L in rung.losses["unified"].items()})
+    law = ladder_law(rungs, "baseline", "unified")
+    assert law.parallel and law.falling
+    assert law.mean_multiplier.contains(0.0) and not law.resolved
+    assert law.log_headline is None
+    lines = "\n".join(law_lines(law, 1.22))
+    assert "One multiplier for the ladder" not in lines
+    assert "the laws are parallel within their interval, but the ladder's multiplier" in lines
+    assert "which holds 1" in lines
+
+
 def test_laws_that_cross_above_the_range_have_no_headline():
     ref, other = PowerLaw(3.0, -0.05), PowerLaw(2.8, -0.04)
     c_cross = math.exp((math.log(2.8) - math.log(3.0)) / (-0.05 + 0.04))  # ≈ 991
