@@ -3,6 +3,7 @@
     python -m scripts.results                       # run what is missing (4 seeds each), then write docs/results.md
     python -m scripts.results --page-only           # rewrite the page from the runs as they are, run nothing
     python -m scripts.results --page-only --archive docs/results_runs   # and keep what it read, to rewrite it later
+    python -m scripts.results --restore docs/results_runs_v2   # continue from an archive's finished runs
     python -m scripts.results --dry-run             # list the runs and their commands
     python -m scripts.results --seeds 8 -- key=value   # more seeds; key=value after -- goes to every run
 
@@ -183,6 +184,30 @@ def archive(uniques: list[Unique], out_dir: Path, dest: Path) -> int:
     return n
 
 
+def restore(src: Path, out_dir: Path) -> int:
+    """Copy an archive's runs (what `archive` wrote) into `out_dir` where `out_dir` has no directory of that name,
+    with their CPU seconds, so that the reproduction continues from them in a fresh checkout: a restored run is
+    finished (its config.yaml and metrics.jsonl say so) and is skipped, never retrained. Runs already in `out_dir`
+    are left as they are, and so is their ledger entry. Returns the number of runs restored."""
+    src = Path(src)
+    if not src.is_dir():
+        raise FileNotFoundError(f"--restore {src}: no such directory (give an archive that --archive wrote)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ledger = CpuLedger(out_dir)
+    archived = CpuLedger(src).seconds
+    n = 0
+    for run in sorted(p for p in src.iterdir() if p.is_dir() and all((p / f).is_file() for f in ARCHIVED)):
+        if (out_dir / run.name).exists():
+            continue
+        (out_dir / run.name).mkdir()
+        for name in ARCHIVED:
+            shutil.copy2(run / name, out_dir / run.name / name)
+        if run.name in archived and run.name not in ledger.seconds:
+            ledger.add(run.name, archived[run.name])
+        n += 1
+    return n
+
+
 def prepare_wikitext(train_dir: str, out: Path, source: Optional[Path]) -> None:
     """WikiText-2's raw test set as an eval-only set, in the training data's tokenizer (data.prepare --eval-only)."""
     from data.config import DataConfig
@@ -212,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--page-only", action="store_true", help="write the page from the runs as they are")
     p.add_argument("--archive", type=Path, metavar="DIR", help="then copy what the page reads (each finished run's "
                    "config.yaml and metrics.jsonl, the CPU ledger) to DIR, e.g. docs/results_runs")
+    p.add_argument("--restore", type=Path, metavar="DIR", help="first copy an archive's finished runs (and their "
+                   "CPU seconds) into --out-dir where it lacks them, e.g. to continue in a fresh checkout")
     p.add_argument("overrides", nargs="*", help="key=value overrides for every run (after --)")
     args = p.parse_intermixed_args(argv)
     if args.seeds < 1 or args.jobs < 1:
@@ -234,6 +261,12 @@ def main(argv: list[str] | None = None) -> int:
             print(shlex.join(["python", *command(u.job, "tiny", 1)[1:]]))
         return 0
     out_dir.mkdir(parents=True, exist_ok=True)
+    if args.restore:
+        try:
+            print(f"restored {restore(args.restore, out_dir)} runs from {args.restore}")
+        except FileNotFoundError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     ledger = CpuLedger(out_dir)
     c0, failed = ledger.total, []
     if not args.page_only:

@@ -157,6 +157,23 @@ def test_the_page_comes_back_from_its_archive(miniature, tmp_path, capsys):
     assert results.main(["--seeds", str(SEEDS), "--out-dir", str(keep), "--page", str(again), "--page-only",
                          *flags]) == 0
     assert again.read_text() == page.read_text()
+    # --restore: a fresh out dir continues from the archive; nothing is retrained, the page and ledger are the same
+    fresh, third = tmp_path / "fresh", tmp_path / "third" / "results.md"
+    (fresh / "mine").mkdir(parents=True)  # a run already there is kept as it is
+    (fresh / "mine" / "metrics.jsonl").write_text("kept")
+    assert results.main(["--seeds", str(SEEDS), "--out-dir", str(fresh), "--page", str(third),
+                         "--restore", str(keep), *flags]) == 0
+    said = capsys.readouterr().out
+    assert f"restored {EXPERIMENTS * SEEDS} runs" in said and said.count("finished, skipped") == EXPERIMENTS * SEEDS
+    assert third.read_text() == page.read_text()
+    assert (fresh / "mine" / "metrics.jsonl").read_text() == "kept"
+    assert (fresh / "cpu_seconds.json").read_text() == (keep / "cpu_seconds.json").read_text()
+    assert results.main(["--seeds", str(SEEDS), "--out-dir", str(fresh), "--page", str(third), "--page-only",
+                         "--restore", str(keep), *flags]) == 0
+    assert "restored 0 runs" in capsys.readouterr().out
+    assert results.main(["--out-dir", str(fresh), "--page-only", "--restore", str(tmp_path / "none"), *flags]) == 2
+    err = capsys.readouterr().err
+    assert "--restore" in err and "no such directory" in err
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "elsewhere" / "notes.txt").write_text("mine")
     assert results.main(["--seeds", str(SEEDS), "--out-dir", str(runs), "--page", str(tmp_path / "p.md"),
