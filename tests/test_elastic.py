@@ -16,7 +16,7 @@ from test_moe_train import MOE, moe_state
 from runtime.checkpoint import latest_checkpoint
 from scripts.soak import checkpoint_tensors
 from multiproc import free_port, spawn
-from test_train import _error_worker, args_for, data_dir, records, run_ranks  # noqa: F401 - data_dir is a fixture
+from test_train import _error_worker, _skip_worker, args_for, data_dir, records, run_ranks  # noqa: F401 - data_dir is a fixture
 
 # What one rank count against another may differ by. Only the order of the sums over rows changes with the layout
 # (the loss over the step's 256 token rows, each gradient's sum over them, the all-reduce); each such sum differs by
@@ -104,6 +104,20 @@ def test_the_switch_aux_loss_warns_only_when_its_groups_change(data_dir):  # noq
     assert "balances each forward's 4 sequences (micro_batch × ranks; 8 before the resume)" in warning
     bias = load_config(["configs/tiny_moe.yaml"], ["model.moe.balance=bias"])
     assert train.aux_regrouped(bias, saved, SimpleNamespace(world_size=2, micro_batch=2)) == ""
+
+
+def test_the_skipped_step_count_carries_across_a_rank_change(data_dir, tmp_path, monkeypatch):  # noqa: F811
+    """train.on_nonfinite: skip on 2 ranks (step 3's loss is NaN on rank 0), stopped after step 4, resumed on one
+    process: the count is the checkpoint's one scalar, so the resumed records go on from 1, not from 0 or 2."""
+    import model.llama
+    monkeypatch.setattr(model.llama, "head_loss", model.llama.head_loss)  # a worker's poison never reaches here
+    argv = args_for(data_dir, tmp_path, "r", "train.on_nonfinite=skip", "train.ckpt_every=2", "train.eval_every=100")
+    spawn(_skip_worker, (2, free_port(), ["--stop-at-step", "4", *argv]), nprocs=2)
+    train.main(argv)
+    recs = records(tmp_path / "r", "train")
+    assert [(r["step"], r["world_size"], r["skipped_steps"]) for r in recs] == [
+        (1, 2, 0), (2, 2, 0), (3, 2, 1), (4, 2, 1), (5, 1, 1), (6, 1, 1)]
+    assert recs[2]["loss"] is None and all(r["loss"] > 0 for r in recs[3:])
 
 
 def test_a_resume_onto_three_ranks_is_refused_and_changes_nothing(data_dir, tmp_path):  # noqa: F811
