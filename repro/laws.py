@@ -179,6 +179,11 @@ class LadderLaw:
         laws that fall with compute and a multiplier whose interval excludes 1."""
         if not (self.parallel and self.falling and self.resolved):
             return None
+        return self.log_mean
+
+    @property
+    def log_mean(self) -> float:
+        """The log of the geometric mean of the seed-mean laws' multipliers over the rungs."""
         return sum(self.log_multipliers) / len(self.log_multipliers)
 
 

@@ -182,9 +182,8 @@ def law_lines(law: LadderLaw, paper: Optional[float]) -> list[str]:
         out.append(f"One multiplier for the ladder (the laws being parallel): **{times_text(law.log_headline)}** "
                    f"(geometric mean over the rungs){ci}.{paper_text}")
     elif law.parallel and law.falling:
-        mean = sum(law.log_multipliers) / len(law.log_multipliers)
         out.append(f"No single multiplier: the laws are parallel within their interval, but the ladder's multiplier "
-                   f"(geometric mean over the rungs, {times_text(mean)} from the seed-mean laws) has the interval "
+                   f"(geometric mean over the rungs, {times_text(law.log_mean)} from the seed-mean laws) has the interval "
                    f"{times(law.mean_multiplier)} over the seeds' own laws, which holds 1.{paper_text}")
     else:
         lo, hi = min(law.log_multipliers), max(law.log_multipliers)

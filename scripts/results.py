@@ -156,6 +156,13 @@ def run_all(uniques: list[Unique], out_dir: Path, ledger: CpuLedger, jobs: int =
 ARCHIVED = ("config.yaml", "metrics.jsonl")  # what the page reads of a run
 
 
+def copy_run(src: Path, dest: Path) -> None:
+    """What the page reads of one run (ARCHIVED), into a new directory `dest`."""
+    dest.mkdir()
+    for name in ARCHIVED:
+        shutil.copy2(src / name, dest / name)
+
+
 def archive(uniques: list[Unique], out_dir: Path, dest: Path) -> int:
     """Copy what the page reads — each finished run's config.yaml and metrics.jsonl, and the CPU ledger — to `dest`,
     replacing an earlier archive there, so that `--page-only --out-dir DEST` writes the same page from it. A `dest`
@@ -175,9 +182,7 @@ def archive(uniques: list[Unique], out_dir: Path, dest: Path) -> int:
     for u in uniques:
         run_dir = out_dir / u.job.run_name
         if (run_dir / "config.yaml").exists() and load_run(run_dir).finished:
-            (dest / u.job.run_name).mkdir()
-            for name in ARCHIVED:
-                shutil.copy2(run_dir / name, dest / u.job.run_name / name)
+            copy_run(run_dir, dest / u.job.run_name)
             n += 1
     if (out_dir / CpuLedger.FILE).exists():
         shutil.copy2(out_dir / CpuLedger.FILE, dest / CpuLedger.FILE)
@@ -192,16 +197,13 @@ def restore(src: Path, out_dir: Path) -> int:
     src = Path(src)
     if not src.is_dir():
         raise FileNotFoundError(f"--restore {src}: no such directory (give an archive that --archive wrote)")
-    out_dir.mkdir(parents=True, exist_ok=True)
     ledger = CpuLedger(out_dir)
     archived = CpuLedger(src).seconds
     n = 0
     for run in sorted(p for p in src.iterdir() if p.is_dir() and all((p / f).is_file() for f in ARCHIVED)):
         if (out_dir / run.name).exists():
             continue
-        (out_dir / run.name).mkdir()
-        for name in ARCHIVED:
-            shutil.copy2(run / name, out_dir / run.name / name)
+        copy_run(run, out_dir / run.name)
         if run.name in archived and run.name not in ledger.seconds:
             ledger.add(run.name, archived[run.name])
         n += 1
