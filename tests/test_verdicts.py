@@ -12,7 +12,7 @@ from config import load_config
 from repro.comparisons import Comparison, Curve, Plan
 from repro.laws import PowerLaw, Rung, crossing, ladder_law, log_multiplier_at
 from repro.measure import Results
-from repro.page import versus_v1
+from repro.page import reading, versus_v1
 from repro.sections import delta_cells, law_lines, lr_grid_section
 from repro.stats import T80, T975, Stat, at_least, stat, verdict, verdict_class
 
@@ -150,6 +150,16 @@ def test_v1_deltas_persist_or_fade(tmp_path):
     assert "- **persist** (resolved in both with the same sign): Fig. 1, grid: same lr (4e-3) (+0.0258 → +0.0300)" \
         in text
     assert "Of the 1 deltas measured in both" in text and "0.15–0.17 tokens per parameter" in text
+
+
+def test_a_page_of_one_seed_tallies_no_signs(tmp_path):
+    plan, where = grid_plan(tmp_path, {"baseline lr 4e-3": 3.0, "none lr 4e-3": 3.03, "baseline lr 8e-3": 3.2,
+                                       "none lr 8e-3": 3.3})
+    one = {key: path if key[1] == 0 else tmp_path / "not-run" for key, path in where.items()}  # seeds 1, 2 unrun
+    text = "\n".join(reading(Results(plan, one, "wiki"), []))
+    assert "No delta has two seeds yet" in text and "of the 0 mean deltas" not in text
+    text = "\n".join(reading(Results(plan, where, "wiki"), []))  # three seeds: the tally is back
+    assert "No delta has two seeds yet" not in text and "1 of the 1 mean deltas have the paper's sign" in text
 
 
 # ---------------------------------------------------------------------------------------------------- laws
