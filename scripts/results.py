@@ -3,7 +3,7 @@
     python -m scripts.results                       # run what is missing (4 seeds each), then write docs/results.md
     python -m scripts.results --page-only           # rewrite the page from the runs as they are, run nothing
     python -m scripts.results --page-only --archive docs/results_runs   # and keep what it read, to rewrite it later
-    python -m scripts.results --restore docs/results_runs_v2   # continue from an archive's finished runs
+    python -m scripts.results --restore docs/results_runs   # continue from an archive's finished runs
     python -m scripts.results --dry-run             # list the runs and their commands
     python -m scripts.results --seeds 8 -- key=value   # more seeds; key=value after -- goes to every run
 
