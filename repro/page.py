@@ -126,11 +126,11 @@ def reading(res: Results, orderings: list[bool]) -> list[str]:
                 f"if every true delta were 0; {resolved} did, which {m} independent zero deltas would give with "
                 f"probability {at_least(resolved, m):.2g} (binomial). The deltas share reference runs and are not "
                 "independent, so read that as a scale, not a test."]
+    if not counted:  # every curve has one seed so far: no delta has an interval, and a tally of 0 of 0 says nothing
+        return out + ["", "No delta has two seeds yet: there is nothing to tally against the paper's signs.", ""]
     signed = [r for r in counted if r.paper is not None]
     both = [r for r in counted if r.delta.resolved and r.wiki is not None]
     agree = [r for r in both if (r.delta.mean > 0) == (r.wiki.mean > 0)]
-    if not signed:  # every curve has one seed so far: no delta has an interval, and a tally of 0 of 0 says nothing
-        return out + ["", "No delta has two seeds yet: there is nothing to tally against the paper's signs.", ""]
     out += ["", f"Resolved or not, {sum((r.delta.mean > 0) == (r.paper > 0) for r in signed)} of the {len(signed)} "
             f"mean deltas have the paper's sign. On WikiText-2, {len(agree)} of the {len(both)} resolved deltas keep "
             f"their sign ({sum(r.wiki.resolved for r in agree)} of them resolved there too), and {sum(orderings)} of "
