@@ -47,8 +47,9 @@ class MuonConfig:
     # Newton–Schulz precision: bf16 as Keller Jordan / Moonlight; float32 or float64 for reference runs (bf16 rounding
     # makes runs that differ only in fp32 summation order, e.g. 1 vs 2 ranks, drift apart by ~1e-4 in loss).
     ns_dtype: Literal["bfloat16", "float32", "float64"] = "bfloat16"
-    # Under FSDP2, each matrix's Newton–Schulz runs on one owner rank and the rows go back by all-to-all (optim/muon.py)
-    # instead of every rank gathering and orthogonalizing every matrix; the same numbers (tests/test_optim_dist.py).
+    # Under FSDP2, each matrix's Newton–Schulz runs on one owner rank and the rows go back by all-to-all
+    # (optim/muon_dist.py) instead of every rank gathering and orthogonalizing every matrix; the same numbers
+    # (tests/test_optim_dist.py).
     distributed: bool = True
 
 

@@ -31,31 +31,27 @@ of the first ⌊n/ws⌋·ws (the < ws leftover windows are dropped, so with ws =
 batches of micro_batch, the last one possibly smaller but of the same size on every rank: every rank runs the
 same number of forwards, so collectives never hang. Average losses weighted by rows, not per batch.
 
-Running ahead. With `prefetch=True` a daemon thread gathers micro-batches step, step + 1, … (at most PREFETCH_DEPTH
-ahead) while the trainer computes, and `next_batch()` only takes the next one: the same batches as without it.
-`step` counts the batches the trainer has consumed, never the ones gathered ahead, so `state_dict()` resumes exactly.
+Running ahead. With `prefetch=True` a daemon thread gathers the next micro-batches while the trainer computes
+(data/prefetch.py): the same batches as without it. `step` counts the batches the trainer has consumed, never the
+ones gathered ahead, so `state_dict()` resumes exactly.
 On CUDA the host batch is pinned and its copy to the device asynchronous (with or without prefetch).
 `resolve_prefetch` turns train.loader_prefetch into the flag.
 """
 from __future__ import annotations
 
-import atexit
 import functools
-import queue
 import threading
-import weakref
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 import torch
 
+from data.prefetch import Producer
 from data.shards import DataError, Meta, load_meta, open_shard
 
 STATE_VERSION = 3  # 1: the per-rank micro-batch count `step` (position = step·B·ws); 1–2: the materialized order
 FEISTEL_ROUNDS = 6  # ≥ 4 makes a Feistel network a pseudo-random permutation (Luby–Rackoff); 6 for margin
-PREFETCH_DEPTH = 2  # batches gathered ahead of the trainer at most: one hides a gather, two absorb jitter
-_POLL_S = 0.1  # how often a blocked producer looks for close() or a garbage-collected loader
 
 
 def resolve_prefetch(setting: str | bool, device: torch.device | str) -> bool:
@@ -211,7 +207,7 @@ class TrainLoader:
         self.prefetch = prefetch
         # Pinned (page-locked) host memory is what lets a host→device copy run asynchronously; it needs CUDA.
         self._pin = self.device.type == "cuda"
-        self._producer: _Producer | None = None
+        self._producer: Producer | None = None
 
     @property
     def tokens_per_epoch(self) -> int:
@@ -296,7 +292,7 @@ class TrainLoader:
         # anyone moved `step`; its queued batches are for another position then.
         if self._producer is None or self._producer.next_step != self.step:
             self.close()
-            self._producer = _Producer(self, self.step)
+            self._producer = Producer(self, self.step)
         return self._producer.take()
 
     def close(self) -> None:
@@ -364,101 +360,6 @@ class TrainLoader:
         return (f"TrainLoader({self.data_dir}, seq_len={self.seq_len}, micro_batch={self.micro_batch}, rank "
                 f"{self.rank}/{self.world_size}, {self.n_windows} windows, step {self.step}, device {self.device}"
                 f"{', prefetch' if self.prefetch else ''})")
-
-
-class _Producer:
-    """One daemon thread gathering micro-batches start, start + 1, … of a loader, in order, at most PREFETCH_DEPTH
-    ahead of take(). The thread holds the loader only through a weak reference, so a loader nobody closed can still
-    be collected, and the thread then ends within _POLL_S. An exception in a gather is queued in that batch's place
-    and raised by take() (the original exception, with its message and traceback), then again on every later take().
-
-    Two C-level SimpleQueues (batches one way, free slots the other) instead of one bounded queue.Queue: a take is
-    then one C call (measured right after a step: ~45 µs, against 160–2000 µs for Queue's Python-level locking)."""
-
-    def __init__(self, loader: TrainLoader, start: int):
-        self.next_step = start  # the step take() returns next
-        self._ready: queue.SimpleQueue[tuple[int, torch.Tensor | Exception]] = queue.SimpleQueue()
-        self._slots: queue.SimpleQueue[None] = queue.SimpleQueue()  # one token per batch it may gather ahead
-        for _ in range(PREFETCH_DEPTH):
-            self._slots.put(None)
-        self._stop = threading.Event()
-        self._error: Exception | None = None
-        _stop_at_exit(self)
-        self._thread = threading.Thread(
-            target=_produce, args=(weakref.ref(loader), start, self._ready, self._slots, self._stop),
-            name=f"TrainLoader-prefetch-rank{loader.rank}", daemon=True)
-        self._thread.start()
-
-    def take(self) -> torch.Tensor:
-        if self._error is not None:
-            raise self._error
-        while True:
-            try:
-                step, item = self._ready.get(timeout=_POLL_S)  # returns as soon as a batch is put
-                break
-            except queue.Empty:
-                if not self._thread.is_alive() and self._ready.empty():  # only close() ends it without a batch
-                    raise RuntimeError("TrainLoader: the prefetch thread ended without producing the next batch")
-        if isinstance(item, Exception):
-            self._error = item
-            raise item
-        assert step == self.next_step, (step, self.next_step)
-        self.next_step += 1
-        self._slots.put(None)
-        return item
-
-    def close(self) -> None:
-        self._stop.set()
-        self._slots.put(None)  # wakes a producer waiting for a slot at once
-        self._thread.join(timeout=10.0)  # a gather in flight takes ~1 ms (a cold one more); bounded for a stuck disk
-        while not self._ready.empty():  # drop the batches gathered ahead now, not when the loader goes
-            self._ready.get_nowait()
-
-
-_LIVE: weakref.WeakSet[_Producer] = weakref.WeakSet()
-_AT_EXIT = False
-
-
-def _stop_at_exit(producer: _Producer) -> None:
-    """Close every producer before the interpreter finalizes. A daemon thread still inside a torch call then (GIL
-    released) is killed by pthread_exit when it takes the GIL back, which unwinds through C++ noexcept frames:
-    "terminate called without an active exception" and SIGABRT (8 of 12 exits right after a first next_batch).
-    atexit handlers run while daemon threads are still alive, so joining them there avoids it."""
-    global _AT_EXIT
-    if not _AT_EXIT:  # registered with the first producer: no import-time side effects
-        atexit.register(_close_all)
-        _AT_EXIT = True
-    _LIVE.add(producer)
-
-
-def _close_all() -> None:
-    for producer in list(_LIVE):
-        producer.close()
-
-
-def _produce(ref: weakref.ref[TrainLoader], step: int, ready: queue.SimpleQueue, slots: queue.SimpleQueue,
-             stop: threading.Event) -> None:
-    """The producer thread's body (a function, not a method, so that it holds no strong reference to the loader)."""
-    while True:
-        while True:  # wait for a free slot, looking now and then for close() or a collected loader
-            try:
-                slots.get(timeout=_POLL_S)
-                break
-            except queue.Empty:
-                if ref() is None:
-                    return
-        loader = ref()
-        if stop.is_set() or loader is None:
-            return
-        try:
-            item: torch.Tensor | Exception = loader.gather(step)
-        except Exception as e:  # surfaced by take(); the thread stops here
-            item = e
-        del loader
-        ready.put((step, item))
-        if isinstance(item, Exception):
-            return
-        step += 1
 
 
 def val_batches(data_dir: str | Path, seq_len: int, micro_batch: int, rank: int = 0, world_size: int = 1,

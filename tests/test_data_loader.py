@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from data.loader import (PREFETCH_DEPTH, TrainLoader, batch_digest, read_meta, resolve_prefetch, val_batches,
-                         val_tokens_used, window_order)
+from data.loader import (TrainLoader, batch_digest, read_meta, resolve_prefetch, val_batches, val_tokens_used,
+                         window_order)
+from data.prefetch import PREFETCH_DEPTH
 from data.shards import DataError, Meta, ShardInfo, SplitInfo, shard_name, write_meta, write_shard
 
 GPT2_INFO = {"spec": "gpt2", "name": "gpt2", "ranks_hash": "x" * 64, "n_vocab": 50257, "eot": 50256}

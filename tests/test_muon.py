@@ -1,13 +1,13 @@
 """Our Muon (optim/muon.py) against torch.optim.Muon, on one device (the 2-rank FSDP2 case: test_optim_dist.py),
-and the pure parts of distributed Muon (owners, shard sizes, the plan)."""
+and the pure parts of distributed Muon (optim/muon_dist.py: owners, shard sizes, the plan)."""
 import math
 
 import pytest
 import torch
 
 from config import MuonConfig, OptimConfig
-from optim.muon import (Muon, NSSpec, assign_owners, ns_cost, plan_buckets, shard_sizes, update_scale,
-                        zeropower_via_newtonschulz)
+from optim.muon import Muon, NSSpec, update_scale, zeropower_via_newtonschulz
+from optim.muon_dist import assign_owners, ns_cost, plan_buckets, shard_sizes
 
 # Our update_scale names → torch.optim.Muon's adjust_lr_fn (torch ≥ 2.9).
 TORCH_ADJUST = {"moonlight": "match_rms_adamw", "jordan": "original"}

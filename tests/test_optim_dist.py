@@ -22,7 +22,8 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 from config import MuonConfig, OptimConfig, ScheduleConfig
 from model.config import Role
 from optim import build_optimizer, clip_grad_norm, lr_at, set_lr
-from optim.muon import Muon, NSSpec, assign_owners, ns_cost, plan_buckets, zeropower_via_newtonschulz
+from optim.muon import Muon, NSSpec, zeropower_via_newtonschulz
+from optim.muon_dist import assign_owners, ns_cost, plan_buckets
 from multiproc import free_port, spawn
 
 WORLD = 2
@@ -138,7 +139,7 @@ def _distributed_muon_worker(rank: int) -> None:
             got, want = p.detach().full_tensor(), q.detach().full_tensor()
             if ns_dtype == "float32":
                 # Bit-identical: the owner concatenates the bits full_tensor() gathers and makes the same NS call;
-                # expert stacks split by expert run the same per-matrix batched kernels (on CPU; see optim/muon.py).
+                # expert stacks split by expert run the same per-matrix batched kernels (on CPU; optim/muon_dist.py).
                 assert torch.equal(got, want), f"{shape}: max diff {(got - want).abs().max()}"
                 assert torch.equal(opt.state[p]["momentum_buffer"].full_tensor(),
                                    opt_ref.state[q]["momentum_buffer"].full_tensor())
