@@ -155,6 +155,8 @@ class RunConfig:
                     "max_consecutive_skips"):
             if getattr(t, key) <= 0:
                 bad.append((f"train.{key}", "must be positive"))
+        if not 0 <= t.seed < 2**32:  # numpy's seeding range (the data order and init draw from it)
+            bad.append(("train.seed", f"{t.seed} must lie in [0, 2**32)"))
         if t.loss_chunk_tokens is not None and t.loss_chunk_tokens < 0:
             bad.append(("train.loss_chunk_tokens", "must be ≥ 0 (0 = the plain, unfused LM head + loss; null = by "
                                                    "device)"))
