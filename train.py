@@ -41,7 +41,10 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                    help="checkpoint and exit after step K (the schedule still spans train.steps); "
                         "run the same command again to continue")
     p.add_argument("overrides", nargs="*", help="dotted.key=value, e.g. optim.lr=3e-3 train.steps=100")
-    return p.parse_intermixed_args(argv)  # options and key=value overrides in any order
+    args = p.parse_intermixed_args(argv)  # options and key=value overrides in any order
+    if args.stop_at_step is not None and args.stop_at_step < 1:
+        p.error(f"--stop-at-step {args.stop_at_step}: K must be ≥ 1 (the step after which to checkpoint and exit)")
+    return args
 
 
 def main(argv: Optional[list[str]] = None) -> dict:
@@ -363,7 +366,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from data.sources import SourceError
     from data.tokenizer import TokenizerError
     from runtime.checkpoint import CheckpointError
-    return ConfigError, NonFiniteError, DataError, SourceError, TokenizerError, BuiltinCorpusError, CheckpointError
+    from runtime.dist import LaunchError
+    return (ConfigError, NonFiniteError, DataError, SourceError, TokenizerError, BuiltinCorpusError, CheckpointError,
+            LaunchError)
 
 
 if __name__ == "__main__":

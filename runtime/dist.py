@@ -12,6 +12,13 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from config import ConfigError
+
+
+class LaunchError(RuntimeError):
+    """The launch does not fit this machine (more processes per node than GPUs). Each rank's own to report: the
+    ranks that fit it see no error, so unlike a ConfigError it cannot be said by rank 0 alone."""
+
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -30,8 +37,13 @@ def init_distributed(device_pref: str = "auto") -> DistInfo:
     """Initialize (or join) the default process group and pick this rank's device."""
     use_cuda = torch.cuda.is_available() if device_pref == "auto" else device_pref == "cuda"
     if use_cuda and not torch.cuda.is_available():
-        raise RuntimeError("train.device=cuda but CUDA is not available; use train.device=auto or cpu")
+        raise ConfigError("train.device: cuda, but CUDA is not available here (torch "
+                          f"{torch.__version__}); use train.device=auto or cpu")
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if use_cuda and local_rank >= torch.cuda.device_count():  # e.g. --nproc_per_node=8 on a machine with fewer GPUs
+        raise LaunchError(f"this process is LOCAL_RANK={local_rank} but the machine has {torch.cuda.device_count()} "
+                          "visible CUDA device(s): launch at most one process per GPU (torchrun --nproc_per_node), "
+                          "or check CUDA_VISIBLE_DEVICES")
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)

@@ -325,6 +325,27 @@ def test_batch_shape_must_divide(data_dir, tmp_path):
         train.main(args_for(data_dir, tmp_path, "bad", "train.micro_batch=3"))
 
 
+def test_a_device_or_launch_that_does_not_fit_the_machine_is_one_message(data_dir, tmp_path, monkeypatch, capsys):
+    """train.device=cuda without CUDA is a ConfigError (it was a RuntimeError's traceback); more torchrun processes per
+    node than GPUs is a LaunchError that every rank reports; --stop-at-step below 1 is refused (it trained to the end).
+    Nothing is written in any case."""
+    from runtime.dist import LaunchError, init_distributed
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="train.device: cuda, but CUDA is not available"):
+        train.main(args_for(data_dir, tmp_path, "cuda", "train.device=cuda"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    with pytest.raises(LaunchError, match="LOCAL_RANK=3 but the machine has 1 visible CUDA device"):
+        init_distributed("auto")
+    assert LaunchError in train._user_errors()
+    for k in ("0", "-1"):
+        with pytest.raises(SystemExit):
+            train.main(["--stop-at-step", k, *args_for(data_dir, tmp_path, "stop")])
+        assert "--stop-at-step" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
 def test_print_config_and_dry_run(data_dir, tmp_path, capsys):
     train.main(["--print-config", *args_for(data_dir, tmp_path, "p")])
     assert "placement: dnp" in capsys.readouterr().out
