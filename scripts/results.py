@@ -249,14 +249,22 @@ def main(argv: list[str] | None = None) -> int:
         lrs = tuple(float(x) for x in args.lrs.split(","))
     except ValueError as e:
         p.error(f"--lrs: {e}")
-    overrides = (f"data.val_sets=[{args.wikitext_dir}]", "log.wandb.mode=disabled", *args.overrides)
-    out_dir = Path(args.out_dir)
     try:
-        plan = Plan(args.seeds, lrs, overrides)
-        uniques, where = plan_runs(plan, args.out_dir)
-    except ConfigError as e:
+        return _run(args, lrs)
+    except ConfigError as e:  # a run's config (the overrides): nothing was trained
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    except FileNotFoundError as e:  # --restore / --archive / WikiText-2's source: named in the message
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace, lrs: tuple[float, ...]) -> int:
+    """Plan, restore, train what is missing, write the page, archive: main's body, whose user errors main reports."""
+    overrides = (f"data.val_sets=[{args.wikitext_dir}]", "log.wandb.mode=disabled", *args.overrides)
+    out_dir = Path(args.out_dir)
+    plan = Plan(args.seeds, lrs, overrides)
+    uniques, where = plan_runs(plan, args.out_dir)
     if args.dry_run:
         import shlex
         for u in uniques:
@@ -264,33 +272,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.restore:
-        try:
-            print(f"restored {restore(args.restore, out_dir)} runs from {args.restore}")
-        except FileNotFoundError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+        print(f"restored {restore(args.restore, out_dir)} runs from {args.restore}")
     ledger = CpuLedger(out_dir)
     c0, failed = ledger.total, []
     if not args.page_only:
-        try:
-            prepare_wikitext(config_of(uniques[0].job.argv).data.dir, Path(args.wikitext_dir), args.wikitext)
-            failed = run_all(uniques, out_dir, ledger, args.jobs)
-        except (ConfigError, FileNotFoundError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+        prepare_wikitext(config_of(uniques[0].job.argv).data.dir, Path(args.wikitext_dir), args.wikitext)
+        failed = run_all(uniques, out_dir, ledger, args.jobs)
     from repro.page import write_page
     write_page(plan, where, args.page, ledger.total, Path(args.wikitext_dir).name)
     print(f"wrote {args.page}")
     if args.archive:
-        try:
-            print(f"archived {archive(uniques, out_dir, args.archive)} runs in {args.archive}")
-        except FileNotFoundError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+        print(f"archived {archive(uniques, out_dir, args.archive)} runs in {args.archive}")
     print(f"CPU time: {(ledger.total - c0) / 3600:.2f} h in this invocation, {ledger.total / 3600:.2f} h for all "
           f"{len(ledger.seconds)} runs")
     return 1 if failed else 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
