@@ -20,8 +20,9 @@ _PEAK_BF16: list[tuple[str, float]] = [
     (r"H100.*PCIE", 756e12),
     (r"H100.*NVL", 835e12),
     (r"H100", 989e12),  # SXM, e.g. "NVIDIA H100 80GB HBM3"
-    # NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200): SXM BF16 1,979 TFLOPS with sparsity;
-    # GH200 (Grace Hopper) uses the same Hopper GPU.
+    # NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200): BF16 1,979 / 1,671 TFLOPS with sparsity for SXM /
+    # NVL; GH200 (Grace Hopper) uses the same Hopper GPU.
+    (r"H200.*NVL", 835e12),
     (r"H200", 989e12),
     # NVIDIA A100 datasheet (nvidia.com/en-us/data-center/a100): BF16 312 TFLOPS dense, SXM and PCIe alike.
     (r"A100", 312e12),

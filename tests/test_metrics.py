@@ -22,6 +22,7 @@ def test_peak_flops() -> None:
     assert peak_flops_for_name("NVIDIA H100 PCIe") == 756e12
     assert peak_flops_for_name("NVIDIA H100 NVL") == 835e12
     assert peak_flops_for_name("NVIDIA H200") == 989e12
+    assert peak_flops_for_name("NVIDIA H200 NVL") == 835e12
     assert peak_flops_for_name("NVIDIA A100-SXM4-80GB") == 312e12
     assert peak_flops_for_name("NVIDIA A100 80GB PCIe") == 312e12
     assert peak_flops_for_name("NVIDIA L40S") == 362e12
