@@ -111,8 +111,8 @@ class TrainConfig:
     fsdp_prefetch: int = 0  # blocks whose all-gathers a block issues explicitly ahead; 0: FSDP2's implicit prefetch
     # The fused LM head + loss (model/loss.py) runs over chunks of this many tokens, so the (tokens, vocab) fp32
     # logits of a whole micro-batch never exist at once; 0 = the plain path (full logits, then cross-entropy).
-    # None (auto): by device — 1024 on CPU; on CUDA a 4 GiB budget for a chunk's fp32 logits and their gradient,
-    # 1024–16384 tokens (10240 at V = 50,304): model/loss.py, default_chunk_tokens.
+    # None (auto): by device — 1024 on CPU; on CUDA the fewest equal chunks within a 4 GiB budget for a chunk's fp32
+    # logits and their gradient (a 0.12B micro-batch at V = 50,304: 4 × 8192): model/loss.py, default_chunk_tokens.
     loss_chunk_tokens: Optional[int] = None
     # Under gradient accumulation, FSDP2 reduce-scatters the gradients once per optimizer step (step: every micro-batch
     # but the last accumulates unsharded gradients locally) or after every micro-batch (micro_batch: less memory).

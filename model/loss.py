@@ -29,23 +29,31 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 
-# The chunk rule (train.loss_chunk_tokens: null). CPU: 1024 tokens, as before the rule existed. CUDA: as many
-# tokens as keep one chunk's fp32 logits and their gradient (2 · tokens · V · 4 B) within 4 GiB, in multiples of
-# 1024, between 1024 and 16384 — 10240 at the paper's V = 50,304 (a 0.12B micro-batch of 32 × 1024 tokens: 4 chunks
-# instead of 32), 16384 for V ≤ 32,768. Fewer chunks mean fewer launches, fewer autograd.grad calls and fewer passes
-# over the fp32 head-gradient accumulator.
+# The chunk rule (train.loss_chunk_tokens: null). CPU: 1024 tokens, as before the rule existed. CUDA: at most `fit`
+# tokens a chunk, the largest multiple of 1024 in 1024–16384 whose fp32 logits and their gradient (2 · tokens · V ·
+# 4 B) stay within 4 GiB (10240 at the paper's V = 50,304; 16384 for V ≤ 32,768), and chunks of equal size: the
+# fewest n ≥ ceil(N / fit) that divide the micro-batch's N tokens (searched up to 2·ceil(N / fit); failing that,
+# ceil(N / n) with a smaller last chunk). A 0.12B micro-batch (32 × 1024 tokens) runs 4 chunks of 8192, not 32 of
+# 1024, and not 3 of 10240 plus a tail of 2048, which would compile a second head graph (the chunk graph has static
+# shapes) and run a fourth pass for a sixteenth of the tokens. Fewer chunks mean fewer launches, fewer autograd.grad
+# calls and fewer passes over the fp32 head-gradient accumulator.
 CPU_CHUNK_TOKENS = 1024
 CUDA_CHUNK_BYTES = 4 << 30
 CUDA_CHUNK_RANGE = (1024, 16384)
 
 
-def default_chunk_tokens(device: torch.device, vocab: int) -> int:
-    """The fused head's chunk size when train.loss_chunk_tokens is null (the rule above)."""
+def default_chunk_tokens(device: torch.device, vocab: int, n_tokens: int) -> int:
+    """The fused head's chunk size for a micro-batch of `n_tokens` tokens when train.loss_chunk_tokens is null (the
+    rule above)."""
     if device.type != "cuda":
         return CPU_CHUNK_TOKENS
     lo, hi = CUDA_CHUNK_RANGE
-    fit = CUDA_CHUNK_BYTES // (2 * vocab * 4) // 1024 * 1024
-    return max(lo, min(hi, fit))
+    fit = max(lo, min(hi, CUDA_CHUNK_BYTES // (2 * vocab * 4) // 1024 * 1024))
+    fewest = max(1, -(-n_tokens // fit))
+    for n in range(fewest, 2 * fewest + 1):
+        if n_tokens % n == 0:
+            return n_tokens // n
+    return -(-n_tokens // fewest)
 
 
 def head_loss(norm: nn.Module, lm_head: nn.Module, h: torch.Tensor, targets: torch.Tensor,
@@ -56,7 +64,7 @@ def head_loss(norm: nn.Module, lm_head: nn.Module, h: torch.Tensor, targets: tor
     each chunk's forward and backward, one graph each (fullgraph: a break fails loudly), so the Norms and the
     softmax fuse into few passes over the chunk's logits."""
     if chunk is None:
-        chunk = default_chunk_tokens(h.device, lm_head.weight.shape[0])
+        chunk = default_chunk_tokens(h.device, lm_head.weight.shape[0], targets.numel())
     h, targets = h.flatten(0, 1), targets.flatten()  # (N, d), (N,)
     if chunk <= 0:
         return _cross_entropy_sum(lm_head(norm(h)), targets) / targets.numel()

@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from model.llama import Llama
     from runtime.dist import init_distributed, shutdown
-    from runtime.metrics import mfu, peak_flops
+    from runtime.metrics import peak_flops
     designs, notes = plan(args)
     di = init_distributed(args.device)
     if di.device.type == "cpu" and not args.no_malloc_tuning:
@@ -302,6 +302,17 @@ def main(argv: list[str] | None = None) -> int:
             peak_mem = {d.name: f.result() for d, f in zip(designs, probes)}
         runners = {d.name: build(d, di.device, T) for d in designs}
         times: dict[str, list[float]] = {d.name: [] for d in designs}
+        peak = peak_flops(di.device)
+        with torch.device("meta"):
+            flops = {d.name: Llama(d.cfg.model).flops_per_token(T) for d in designs}  # hf-llama: its source's
+        dev = torch.cuda.get_device_name(di.device) if not cpu else f"cpu ({torch.get_num_threads()} threads)"
+        mem_how = ("max_memory_allocated per design" if not cpu else
+                   "-" if args.no_memory else "peak RSS growth, one process per design")
+        compiled = _one_or_mixed(d.cfg.train.compile for d in designs)
+        dtype = _one_or_mixed(d.cfg.train.dtype for d in designs)
+        header = {"device": dev, "torch": torch.__version__, "batch": [B, T], "vocab": V, "compile": compiled,
+                  "dtype": dtype, "steps": args.steps, "warmup": args.warmup, "memory": mem_how}
+        rows: list[dict] = []
         for i, batch in enumerate(batches):  # interleaved: step i of every design, then step i + 1
             for d in designs:
                 r = runners[d.name]
@@ -315,38 +326,39 @@ def main(argv: list[str] | None = None) -> int:
                 if not cpu:  # this design's peak: the process peak minus what the others hold
                     mine = (torch.cuda.max_memory_allocated() - others) / 2**20
                     peak_mem[d.name] = max(peak_mem.get(d.name) or 0.0, mine)
-        peak = peak_flops(di.device)
-        with torch.device("meta"):
-            flops = {d.name: Llama(d.cfg.model).flops_per_token(T) for d in designs}  # hf-llama: its source's
-        rows = []
-        for d in designs:
-            ts = times[d.name]
-            ms = 1000 * statistics.median(ts)
-            tok_s = B * T / (ms / 1000)
-            rows.append({"design": d.name, "params": runners[d.name].params, "activated": runners[d.name].activated,
-                         "ms_per_step": ms, "ms_sd": 1000 * statistics.stdev(ts) if len(ts) > 1 else 0.0,
-                         "tok_per_s": tok_s, "mfu": mfu(flops[d.name], tok_s, 1, peak),
-                         "peak_mem_mib": peak_mem.get(d.name)})
-        for r in rows:
-            r["time_ratio"] = r["ms_per_step"] / rows[0]["ms_per_step"]
-            m0, m = rows[0]["peak_mem_mib"], r["peak_mem_mib"]
-            r["mem_ratio"] = m / m0 if m is not None and m0 else None
-        dev = torch.cuda.get_device_name(di.device) if not cpu else f"cpu ({torch.get_num_threads()} threads)"
-        mem_how = ("max_memory_allocated per design" if not cpu else
-                   "-" if args.no_memory else "peak RSS growth, one process per design")
-        compiled = _one_or_mixed(d.cfg.train.compile for d in designs)
-        dtype = _one_or_mixed(d.cfg.train.dtype for d in designs)
-        header = {"device": dev, "torch": torch.__version__, "batch": [B, T], "vocab": V, "compile": compiled,
-                  "dtype": dtype, "steps": args.steps, "warmup": args.warmup, "memory": mem_how}
+            if i >= args.warmup:  # the table so far, written after every round: a run cut by a timeout keeps it
+                rows = table_rows(designs, runners, times, peak_mem, B * T, flops, peak)
+                if args.json:
+                    args.json.parent.mkdir(parents=True, exist_ok=True)
+                    args.json.write_text(json.dumps({**header, "steps": i + 1 - args.warmup, "notes": notes,
+                                                     "rows": rows}, indent=1) + "\n")
         print(f"device {dev} | torch {torch.__version__} | batch {B}×{T} | vocab {V} | compile {compiled} | "
               f"dtype {dtype} | {args.steps} timed steps after {args.warmup} | mem: {mem_how}")
         print(format_table(rows), end="")
-        if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps({**header, "notes": notes, "rows": rows}, indent=1) + "\n")
     finally:
         shutdown(di)
     return 0
+
+
+def table_rows(designs, runners: dict, times: dict[str, list[float]], peak_mem: dict[str, Optional[float]],
+               tokens: int, flops: dict[str, float], peak: Optional[float]) -> list[dict]:
+    """One row per design from its timed steps so far: median ms/step, tok/s (`tokens` per step), MFU, peak memory,
+    and the time and memory ratios to the first design."""
+    from runtime.metrics import mfu
+    rows = []
+    for d in designs:
+        ts = times[d.name]
+        ms = 1000 * statistics.median(ts)
+        tok_s = tokens / (ms / 1000)
+        rows.append({"design": d.name, "params": runners[d.name].params, "activated": runners[d.name].activated,
+                     "ms_per_step": ms, "ms_sd": 1000 * statistics.stdev(ts) if len(ts) > 1 else 0.0,
+                     "tok_per_s": tok_s, "mfu": mfu(flops[d.name], tok_s, 1, peak),
+                     "peak_mem_mib": peak_mem.get(d.name)})
+    for r in rows:
+        r["time_ratio"] = r["ms_per_step"] / rows[0]["ms_per_step"]
+        m0, m = rows[0]["peak_mem_mib"], r["peak_mem_mib"]
+        r["mem_ratio"] = m / m0 if m is not None and m0 else None
+    return rows
 
 
 def format_table(rows: list[dict]) -> str:

@@ -44,7 +44,7 @@ if [ "$DRY" = 1 ]; then
   TINY=(model.d_model=64 model.n_layers=2 model.n_heads=2 train.compile=false)  # eager: the configs compile
   BENCH=(--device cpu --no-memory --vocab-size 512 --seq-len 32 --steps 2 --warmup 1)
   B012=(--micro-batch 2) B1B=(--micro-batch 2)
-  CHUNKS=(16 32 64)  # of the 2 × 32 tokens, as 1024 / 4096 / 16384 are of 32 × 1024
+  CHUNKS=(16 null 64)  # of the 2 × 32 tokens, as 1024 / null / 16384 are of 32 × 1024 (null: 1024 on CPU)
   MOE=(--config configs/tiny_moe.yaml --tokens 256 --iters 2 --warmup 1 --device cpu model.d_model=64 model.n_heads=2)
   SYNC=(--every 2 --device cpu)
   TRAIN=(data.seq_len=32 train.micro_batch=2 train.global_batch=4 train.eval_tokens=64 "${TINY[@]}")
@@ -57,12 +57,12 @@ else
   BENCH=(--compile)
   # 0.12B: the config's micro-batch (32 × 1024); 1B: Table 3's setting (4 × 4096). Steps are few: compile dominates.
   B012=(--micro-batch 32 --steps 10 --warmup 3) B1B=(--micro-batch 4 --steps 6 --warmup 3)
-  CHUNKS=(1024 4096 16384)  # 16384: what train.loss_chunk_tokens=null picks on CUDA
+  # null: the default rule, 4 × 8192 for 32 × 1024 tokens at V = 50,304 (model/loss.py, default_chunk_tokens)
+  CHUNKS=(1024 null 16384)
   MOE=(--config configs/moe/0.5b.yaml --tokens 16384 --iters 10 --warmup 3)  # MoE-0.5B's micro-batch, 16 × 1024
   SYNC=(--every 10 --device cuda)
   TRAIN=(train.micro_batch=32 train.global_batch=64 train.eval_tokens=32768)  # 2 micro-batches: accumulation too
 fi
-CHUNK=${CHUNKS[-1]}
 BENCH+=(--no-hf-reference)  # transformers' compiled Llama would be one more cold compile per size: see the docs
 
 T0=$(date +%s)
@@ -112,7 +112,7 @@ part tests-gpu env -u TORCH_LOGS SCALEVEC_TEST_GPU=1 "$PY" -m pytest -vv -m gpu 
   $(ls tests/test_*.py | grep -v '/test_moe.py$')
 part moe-gemm "$PY" -m scripts.gpu_check moe-gemm "${MOE[@]}" --json "$OUT/moe_gemm.json"
 part bench-0.12b "$PY" -m scripts.bench --config configs/dense/0.12b.yaml --presets baseline unified "${BENCH[@]}" \
-  "${B012[@]}" --json "$OUT/bench_0.12b.json" -- "train.loss_chunk_tokens=$CHUNK" "${TINY[@]}"
+  "${B012[@]}" --json "$OUT/bench_0.12b.json" -- "${TINY[@]}"
 # The baseline's blocks as just compiled (from the inductor cache); only the head's chunk graph changes.
 MODELS=()
 for c in "${CHUNKS[@]}"; do MODELS+=("configs/dense/0.12b.yaml train.loss_chunk_tokens=$c"); done
@@ -122,9 +122,9 @@ part loss-chunk "$PY" -m scripts.bench --models "${MODELS[@]}" --presets baselin
 part sync "$PY" -m scripts.gpu_check sync "${SYNC[@]}" --runs-dir "$SCRATCH/runs" --json "$OUT/sync.json" -- \
   --config configs/dense/0.12b.yaml --config configs/scale/baseline.yaml data.source=builtin:pd_english \
   data.tokenizer=gpt2 data.max_tokens=null "data.dir=$DATA/pd_english" "data.val_sets=[$DATA/wikitext2]" \
-  "train.loss_chunk_tokens=$CHUNK" schedule.warmup_steps=1 optim.lr=2e-3 log.wandb.mode=disabled "${TRAIN[@]}"
+  schedule.warmup_steps=1 optim.lr=2e-3 log.wandb.mode=disabled "${TRAIN[@]}"
 part bench-1b "$PY" -m scripts.bench --config configs/dense/1b.yaml --presets baseline unified "${BENCH[@]}" \
-  "${B1B[@]}" --json "$OUT/bench_1b.json" -- "train.loss_chunk_tokens=$CHUNK" "${TINY[@]}"
+  "${B1B[@]}" --json "$OUT/bench_1b.json" -- "${TINY[@]}"
 
 report
 FAILED=$(awk -F'\t' 'NR > 1 && $2 != "0"' "$LOGS/status.tsv" | wc -l)

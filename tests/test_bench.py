@@ -1,4 +1,5 @@
 """scripts.bench (time, per-design memory, the transformers reference row) and scripts/gpu_check.sh's dry mode."""
+import dataclasses
 import json
 import os
 import subprocess
@@ -36,6 +37,32 @@ def test_table_has_every_design_its_memory_and_the_ratios(tmp_path, capsys):
     # transformers' Llama with the baseline's configuration has exactly the baseline's parameters
     assert by_name["hf-llama"]["params"] == by_name["baseline"]["params"] == 163_904
     assert by_name["unified"]["params"] > by_name["baseline"]["params"]
+
+
+def test_a_cut_bench_keeps_the_rounds_it_timed(tmp_path, monkeypatch):
+    """The JSON is rewritten after every timed round, so a part the GPU check's timeout cuts still returns rows:
+    here the third step of the second design dies (as a SIGKILL would end the process), after one timed round."""
+    table = tmp_path / "bench.json"
+    build, calls = bench.build, []
+
+    def build_dying(design, device, seq_len):
+        runner = build(design, device, seq_len)
+        step = runner.step
+
+        def counted(batch):
+            calls.append(design.name)
+            if calls.count("unified") == 3:  # warmup 1, timed round 1, then round 2 dies
+                raise KeyboardInterrupt("cut")
+            return step(batch)
+        return dataclasses.replace(runner, step=counted)
+    monkeypatch.setattr(bench, "build", build_dying)
+    argv = ["--presets", "baseline", "unified", "--no-hf-reference", "--no-memory", "--json", str(table), *TINY]
+    argv[argv.index("--steps") + 1] = "3"
+    with pytest.raises(KeyboardInterrupt):
+        bench.main(argv)
+    data = json.loads(table.read_text())
+    assert data["steps"] == 1 and [r["design"] for r in data["rows"]] == ["baseline", "unified"]
+    assert all(r["ms_per_step"] > 0 for r in data["rows"])
 
 
 def test_hf_reference_rules(capsys):
@@ -134,7 +161,7 @@ def test_gpu_check_dry_run(carried, tmp_path):
     assert moe["grouped_path"] == [True, False] and moe["dtype"] == "float32"
     assert max(moe["rel_err_to_loop"].values()) <= 4 * k * 2**-23, moe["rel_err_to_loop"]
     chunks = json.loads((out / "loss_chunk.json").read_text())
-    assert [r["design"] for r in chunks["rows"]] == [f"0.12b[loss_chunk_tokens={c}]/baseline" for c in (16, 32, 64)]
+    assert [r["design"] for r in chunks["rows"]] == [f"0.12b[loss_chunk_tokens={c}]/baseline" for c in (16, "null", 64)]
     for name in ("bench_0.12b", "bench_1b"):
         assert [r["design"] for r in json.loads((out / f"{name}.json").read_text())["rows"]] == ["baseline", "unified"]
     sync = json.loads((out / "sync.json").read_text())

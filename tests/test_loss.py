@@ -8,7 +8,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from config import load_config
 from model.llama import build_model
-from model.loss import _weight_grad_mode, head_loss
+from model.loss import CUDA_CHUNK_BYTES, CUDA_CHUNK_RANGE, _weight_grad_mode, default_chunk_tokens, head_loss
 from test_model import PRESETS, preset_model_cfg, randomize_vectors
 
 
@@ -87,6 +87,31 @@ def test_head_weight_gradient_in_place_equals_the_plain_path(name, dtype):
         assert torch.allclose(loss, ref_loss, rtol=bound(dtype, 64), atol=0), chunk
         assert all(g.abs().max() > 0 for g in ref.values())
         assert_grads_close(grads, ref, dtype, 67)
+
+
+def test_the_default_chunk_fits_the_budget_in_the_fewest_equal_chunks():
+    """train.loss_chunk_tokens: null. CPU: 1024. CUDA: within the 4 GiB budget (above the 1024-token floor), in the
+    fewest chunks the budget allows, all of one size wherever such a split is in the searched range — at the paper's
+    micro-batches always: 0.12B's 32 × 1024 at V = 50,304 is 4 × 8192, not 3 × 10240 plus a tail of 2048."""
+    cuda = torch.device("cuda")  # only its type is read: no GPU needed
+    assert default_chunk_tokens(torch.device("cpu"), 50304, 32768) == 1024
+    assert default_chunk_tokens(cuda, 50304, 32 * 1024) == 8192
+    assert default_chunk_tokens(cuda, 50304, 4 * 4096) == 8192  # 1B, Table 3's micro-batch
+    assert default_chunk_tokens(cuda, 32000, 32 * 1024) == 16384
+    lo, hi = CUDA_CHUNK_RANGE
+    for vocab in (512, 32000, 50304, 131072, 262144):
+        fit = max(lo, min(hi, CUDA_CHUNK_BYTES // (8 * vocab) // 1024 * 1024))
+        for n_tokens in (1, 1000, 1024, 10241, 16384, 32768, 33000, 65536, 3 * 4096 * 7, 999_983):
+            chunk = default_chunk_tokens(cuda, vocab, n_tokens)
+            count = -(-n_tokens // chunk)
+            assert 1 <= chunk <= max(fit, 1) and (chunk <= lo or 8 * chunk * vocab <= CUDA_CHUNK_BYTES)
+            fewest = -(-n_tokens // fit)
+            if any(n_tokens % n == 0 for n in range(fewest, 2 * fewest + 1)):
+                assert n_tokens % chunk == 0 and count <= 2 * fewest, (vocab, n_tokens, chunk)
+            else:
+                assert count == fewest, (vocab, n_tokens, chunk)
+            if n_tokens % (fewest * 1024) == 0:  # micro-batches of whole 1024-token blocks: the fewest chunks
+                assert count == fewest, (vocab, n_tokens, chunk)
 
 
 def test_head_weight_gradient_accumulates_as_the_dtypes_allow():
