@@ -171,9 +171,13 @@ class MoE(nn.Module):
     def uses_grouped(self, x: torch.Tensor) -> bool:
         """auto: the grouped GEMM where it is fast and supported (CUDA, bf16, 16-byte-aligned widths)."""
         impl = self.cfg.impl
+        aligned = self.d % 8 == 0 and self.expert_dim_padded % 8 == 0  # bf16 rows of whole 16-byte units
         if impl == "auto":
-            aligned = self.d % 8 == 0 and self.expert_dim_padded % 8 == 0
             return _grouped_mm is not None and x.is_cuda and x.dtype == torch.bfloat16 and aligned
+        if impl == "grouped" and not aligned:
+            raise RuntimeError(f"model.moe.impl=grouped needs d_model ({self.d}) and the stored expert width "
+                               f"({self.expert_dim_padded}) to be multiples of 8 (16-byte bf16 rows): set "
+                               "model.moe.pad_multiple to a multiple of 8, or model.moe.impl=auto (the loop there)")
         if impl == "grouped" and _grouped_mm is None:
             raise RuntimeError("model.moe.impl=grouped needs torch.nn.functional.grouped_mm (torch ≥ 2.8)")
         if impl == "grouped" and x.is_cuda and x.dtype != torch.bfloat16:

@@ -154,6 +154,16 @@ def test_grouped_and_loop_agree_with_every_vector():
     assert (b.double() - a).norm() <= 8 * 64 * torch.finfo(torch.float32).eps * a.norm()
 
 
+def test_grouped_with_unaligned_widths_is_refused_by_name():
+    """impl=grouped asked for explicitly where the rows are not whole 16-byte bf16 units: a message naming the widths
+    and the way out, not the GEMM's stride assertion from inside torch on a GPU (auto takes the loop there)."""
+    cfg = replace(moe_cfg(impl="grouped"), d_model=36, n_heads=2)  # 36 % 8 ≠ 0
+    with pytest.raises(RuntimeError, match=r"d_model \(36\) and the stored expert width"):
+        build_model(cfg, dtype=torch.float32)(TOKENS)
+    auto = build_model(replace(cfg, moe=replace(cfg.moe, impl="auto")), dtype=torch.float32)
+    assert not auto.layers[0].mlp.uses_grouped(torch.zeros(1, 36)) and auto(TOKENS).isfinite().all()
+
+
 # Padding (model.ffn_pad_multiple) for the routed experts, the shared expert and the dense MLP alike:
 # tests/test_ffn_padding.py.
 
