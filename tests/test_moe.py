@@ -337,14 +337,26 @@ def test_muon_orthogonalizes_each_expert_with_its_own_scale():
 
 @pytest.mark.gpu
 def test_grouped_gemm_matches_loop_on_cuda_bf16():
+    """Forward and backward: the grouped GEMM's backward (the transposed layouts, per-expert weight gradients from
+    uneven row groups) runs nowhere else in the GPU check but eager in its moe-gemm part."""
     cfg = moe_cfg("unified", impl="loop")
     loop = build_model(cfg, device="cuda", dtype=torch.bfloat16)
     grouped = build_model(replace(cfg, moe=replace(cfg.moe, impl="auto")), device="cuda", dtype=torch.bfloat16)
     grouped.load_state_dict(loop.state_dict())
     tokens = TOKENS.cuda()
     assert grouped.layers[0].mlp.uses_grouped(torch.zeros(1, device="cuda", dtype=torch.bfloat16))
-    a, b = loop(tokens).float(), grouped(tokens).float()
-    assert ((a - b).norm() / a.norm()).item() < 2e-2
+    outs, grads = [], []
+    for m in (loop, grouped):
+        out = m(tokens).float()
+        (out.pow(2).mean() + m.layers[0].mlp.balance_loss).backward()
+        outs.append(out)
+        grads.append([p.grad.float() for p in m.parameters()])
+    # bf16 (u = 2⁻⁸): the two paths round at different points, a few roundings per chain (the compiled test's
+    # reasoning above): 2e-2 normwise for the logits and the gradients, with DNP's near-zero gradients under a floor
+    assert ((outs[0] - outs[1]).norm() / outs[0].norm()).item() < 2e-2
+    floor = 1e-3 * max(g.norm().item() for g in grads[0])
+    for (name, _), a, b in zip(loop.named_parameters(), *grads):
+        assert (a - b).norm().item() < 2e-2 * a.norm().item() + floor, name
 
 
 def test_grouped_path_compiles_as_one_graph():
