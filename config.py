@@ -348,12 +348,17 @@ def build_config(raw: dict) -> RunConfig:
 
 def _read_chain(path: Path, seen: tuple[Path, ...]) -> dict:
     path = path.resolve()
+    if path.is_dir():
+        raise ConfigError(f"config {path} is a folder; give a YAML file (e.g. {path / 'base.yaml'})")
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     if path in seen:
         raise ConfigError(f"config {path}: `base:` chain loops back to itself ({' → '.join(map(str, seen))})")
     try:
-        data = yaml.load(path.read_text(), Loader=_YAML_LOADER)
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_YAML_LOADER)
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config {path} is not UTF-8 text ({e.reason} at byte {e.start}): is it a YAML file?") \
+            from None
     except yaml.YAMLError as e:
         raise ConfigError(f"config {path} is not valid YAML: {e}") from None
     if data is None:  # an empty file (or only comments) is a mistake, not a request for every default

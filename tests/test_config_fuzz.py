@@ -139,6 +139,7 @@ def exhaustive() -> list[Mutation]:
         Mutation("broken YAML", "model: {d_model: 768\ntrain: [", "config"),
         Mutation("a list at the top", "- model\n- train\n", "config"),
         Mutation("tabs", "model:\n\td_model: 768\n", "config"),
+        Mutation("not UTF-8", "model: {d_model: 768}  # caf\udce9\n", "config"),
         Mutation("batch not a multiple of micro_batch", dump(put(put(dense, "train.global_batch", 30),
                                                                "train.micro_batch", 8)), "train.global_batch"),
         Mutation("heads do not divide d_model", dump(put(dense, "model.n_heads", 7)), "model.d_model"),
@@ -205,7 +206,7 @@ def random_mutations(n: int, seed: int = 0) -> list[Mutation]:
 def check(m: Mutation, tmp_path: Path) -> Optional[str]:
     """None when the mutation was handled as it must be, else what went wrong."""
     path = tmp_path / "mutated.yaml"
-    path.write_text(m.text)
+    path.write_bytes(m.text.encode("utf-8", "surrogateescape"))  # "not UTF-8": a Latin-1 byte
     try:
         cfg = load_config(path)
     except ConfigError as e:
