@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import errno
 import hashlib
+import math
 import shlex
 import shutil
 import sys
@@ -327,6 +328,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     for key in ("source", "tokenizer", "val_frac", "text_column", "txt_document"):
         if getattr(a, key) is not None:
             cfg = replace(cfg, **{key: getattr(a, key)})
+    for flag, value in (("--max-tokens", a.max_tokens), ("--shard-tokens", a.shard_tokens), ("--threads", a.threads)):
+        if value is not None and not 1 <= value < math.inf:  # also refuses nan
+            p.error(f"{flag} {value}: give a finite number ≥ 1")
     if a.max_tokens is not None:
         cfg = replace(cfg, max_tokens=int(a.max_tokens))
     if a.out:
@@ -336,6 +340,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if a.source is None and not a.config:
         p.error("--source is required (or --config, whose data.source is used)")
     bad = cfg.invariants()
+    if Path(cfg.dir).exists() and not Path(cfg.dir).is_dir():
+        bad.append(("--out" if a.out else "data.dir", f"{cfg.dir} is a file; name a folder for the shards"))
     if a.like and a.tokenizer:
         bad.append(("tokenizer", "give --like or --tokenizer, not both (--like takes the tokenizer of that dir)"))
     if bad:

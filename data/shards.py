@@ -178,6 +178,8 @@ class SplitWriter:
     """Accumulates one split's tokens and cuts them into shards of `shard_tokens` (documents may straddle)."""
 
     def __init__(self, data_dir: Path, split: str, dtype: np.dtype, shard_tokens: int):
+        if shard_tokens < 1:  # else every add() would cut empty shards forever
+            raise ValueError(f"shard_tokens must be at least 1, got {shard_tokens}")
         self.data_dir, self.split, self.dtype, self.shard_tokens = data_dir, split, dtype, shard_tokens
         self.info = SplitInfo()
         self._pending: list[np.ndarray] = []

@@ -105,8 +105,11 @@ def points_from_runs(runs: list, warn=None) -> dict[str, list[tuple[float, float
     from repro.proxy import compute_params
     points: dict[str, list[tuple[float, float]]] = {}
     for run in runs:
-        if run.final_val_loss is None:
+        if run.final_eval is None:
             raise ValueError(f"{run.path} has no evaluation in metrics.jsonl yet")
+        if not 0 < (run.final_val_loss or math.nan) < math.inf:  # train.py logs a non-finite loss as null
+            raise ValueError(f"{run.path}: its last val_loss is {run.final_val_loss} (the run diverged?); leave it out "
+                             "of the fit")
         if not run.finished and warn:
             warn(f"warning: {run.path} stopped at step {run.final_eval['step']} of {run.cfg.train.steps}; "
                  "using its last evaluation")

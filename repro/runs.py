@@ -16,11 +16,29 @@ from typing import Optional
 from config import RunConfig, load_config, strategy_name
 
 
+class MetricsError(ValueError):
+    """A metrics.jsonl line that is not a JSON record, before its last line."""
+
+
 def read_metrics(run: Path) -> list[dict]:
+    """The records of a run's metrics.jsonl. A last line that does not parse is skipped: it is the one a running or
+    killed run was writing (train.py drops it when the run resumes); a bad line before it is a damaged file."""
     path = Path(run) / "metrics.jsonl"
-    if not path.exists():
+    if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: is {run} a run directory?")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [(i, line) for i, line in enumerate(path.read_text(errors="replace").splitlines(), 1) if line.strip()]
+    records = []
+    for i, line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if isinstance(record, dict):
+            records.append(record)
+        elif i != lines[-1][0]:
+            raise MetricsError(f"{path}, line {i}, is not a JSON record: the file is damaged; remove or repair that "
+                               "line")
+    return records
 
 
 def series(records: list[dict], metric: str, x: str) -> tuple[list[float], list[float]]:

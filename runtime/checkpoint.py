@@ -271,7 +271,9 @@ def resolve_checkpoint(path: Path) -> Path:
     if (path / MARKER).is_file():
         return path
     if path.is_dir() and _STEP_DIR.match(path.name):
-        raise CheckpointError(f"{path} is incomplete (no {MARKER} marker): the save that wrote it did not finish")
+        newest = latest_checkpoint(path.parent)
+        raise CheckpointError(f"{path} is incomplete (no {MARKER} marker): the save that wrote it did not finish; "
+                              + (f"the newest complete one is {newest}" if newest else "none beside it is complete"))
     for ckpt_dir in (path, path / "checkpoints"):
         latest = latest_checkpoint(ckpt_dir)
         if latest is not None:
@@ -360,13 +362,24 @@ def _load_states(path: Path, model: nn.Module, optimizer: Optional[torch.optim.O
                               + "\n  ".join(problems))
     # Tensors are checked strictly above; partial load only lets a param-group hyperparameter that a newer
     # torch added to the optimizer (absent from an older checkpoint) keep its constructor value.
-    with _single_process_quiet(d):
-        dcp.load(state, checkpoint_id=path, planner=DefaultLoadPlanner(allow_partial_load=True),
-                 no_dist=not d.active)
+    try:
+        with _single_process_quiet(d):
+            dcp.load(state, checkpoint_id=path, planner=DefaultLoadPlanner(allow_partial_load=True),
+                     no_dist=not d.active)
+    except CheckpointException as e:  # raised on every rank alike (DCP gathers the ranks' read errors)
+        raise CheckpointError(f"checkpoint {path} could not be read: a file in it is truncated or damaged "
+                              f"({_first_failure(e)}); load an older checkpoint in {path.parent}, or move {path} "
+                              "aside to resume from the one before it") from e
     _finish_repadding(staged, path)
     set_model_state_dict(model, state["model"])
     if optimizer is not None:
         set_optimizer_state_dict(model, optimizer, state["optim"])
+
+
+def _first_failure(e: CheckpointException) -> str:
+    """One rank's read error in one line (DCP's own text is a traceback per rank)."""
+    rank, (exc, _trace) = min(e.failures.items(), key=lambda item: item[0])
+    return f"rank {rank}: {type(exc).__name__} {exc}".rstrip()
 
 
 # ------------------------------------------------------------------------------------------- FFN padding across runs

@@ -1,8 +1,9 @@
-"""Crash-safe file writes shared by checkpoints and the run logger."""
+"""Crash-safe file writes shared by checkpoints and the run logger; the check of a command's output path."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Optional
 
 
 def atomic_write(path: Path, data: bytes | str) -> None:
@@ -28,3 +29,20 @@ def fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def out_path_problem(path: Path, kind: str = "file") -> Optional[str]:
+    """Why `path` cannot be written as a `kind` ("file" or "folder"), or None. Commands check their output paths with
+    it before any work, so a mistyped one is a message up front, not a traceback after the work."""
+    path = Path(path)
+    wrong_kind = path.is_dir() if kind == "file" else (path.exists() and not path.is_dir())
+    if wrong_kind:
+        return f"{path} is a {'folder' if kind == 'file' else 'file'}; name a {kind}"
+    parent = path.parent
+    while not parent.exists():  # ends at the root or at "."
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is a file, so {path} cannot be made under it; choose another path"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{parent} is not writable here, so {path} cannot be made; choose another path"
+    return None

@@ -52,7 +52,8 @@ from typing import Callable, Optional
 
 import torch
 
-from config import RunConfig, load_config
+from config import SCALE_PRESETS, ConfigError, RunConfig, load_config
+from runtime.files import out_path_problem
 
 HF_NAME = "hf-llama"
 REPO = Path(__file__).resolve().parents[1]
@@ -269,15 +270,43 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse numbers that would fail only after the designs have run (or be taken as "the default"), up front."""
+    sizes = {"--steps": args.steps, "--micro-batch": args.micro_batch, "--seq-len": args.seq_len,
+             "--vocab-size": args.vocab_size}
+    small = [f"{flag} {value}" for flag, value in sizes.items() if value is not None and value < 1]
+    small += [f"{flag} {value}" for flag, value in (("--warmup", args.warmup), ("--memory-jobs", args.memory_jobs))
+              if value < 0]
+    if small:
+        p.error(f"{', '.join(small)}: --steps and the shapes must be ≥ 1, --warmup and --memory-jobs ≥ 0")
+    if any(not shlex.split(model) for model in args.models or ()):
+        p.error('--models: each model is a quoted "CONFIG [key=value ...]", not an empty string')
+    unknown = [name for name in args.presets if not (SCALE_PRESETS / f"{name}.yaml").is_file()]
+    if unknown:
+        p.error(f"--presets: no preset {', '.join(unknown)}; choose from "
+                f"{' '.join(sorted(f.stem for f in SCALE_PRESETS.glob('*.yaml')))}")
+    problem = out_path_problem(args.json) if args.json else None
+    if problem:
+        p.error(f"--json {problem}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error(f"--device cuda, but CUDA is not available here (torch {torch.__version__}); use --device auto or cpu")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_args(parser, args)
 
     from model.llama import Llama
     from runtime.dist import init_distributed, shutdown
     from runtime.metrics import peak_flops
-    designs, notes = plan(args)
-    di = init_distributed(args.device)
+    try:
+        designs, notes = plan(args)
+        di = init_distributed(args.device)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
     if di.device.type == "cpu" and not args.no_malloc_tuning:
         from runtime.cpu import tune_glibc_malloc
         tune_glibc_malloc()

@@ -30,12 +30,14 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
 import mmap
 import multiprocessing
 import os
 import resource
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -49,7 +51,8 @@ import torch.nn.functional as F
 from data.config import DataConfig
 from data.loader import TrainLoader, read_meta, val_batches
 from data.prepare import DEFAULT_SHARD_TOKENS, ensure_prepared
-from data.shards import HEADER, HEADER_BYTES, MAGIC, VERSION, Meta, ShardInfo, SplitInfo, shard_name, write_meta
+from data.shards import (HEADER, HEADER_BYTES, MAGIC, VERSION, DataError, Meta, ShardInfo, SplitInfo, shard_name,
+                         write_meta)
 from data.tokenizer import padded_vocab
 from model.config import ModelConfig
 from model.llama import Llama
@@ -308,7 +311,7 @@ def scale_check(args: argparse.Namespace) -> None:
         shutil.rmtree(root.parent)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m scripts.bench_loader", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", help="a prepared data dir (default: the built-in corpus with bpe:8192)")
@@ -329,22 +332,51 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--scale-tokens", type=float, default=106e9, help="train tokens of the --scale-check dir")
     p.add_argument("--scale-dir", help="where the --scale-check dir goes (default: the system's temp dir)")
     args = p.parse_args(argv)
+    if args.repeats < 1 or args.batches < 1:
+        p.error(f"--repeats ({args.repeats}) and --batches ({args.batches}) must be ≥ 1")
     if args.scale_check:
-        if args.repeats < 1 or args.batches < 1 or args.scale_tokens < DEFAULT_SHARD_TOKENS / 50:
-            p.error("--scale-check needs --repeats ≥ 1, --batches ≥ 1 and --scale-tokens ≥ 2e6")
-        return scale_check(args)
-    shapes = [tuple(int(v) for v in s.lower().split("x")) for s in args.shapes.split(",")]
-    data_dir = args.data_dir or str(ensure_prepared(
-        DataConfig(dir="data_cache/pd_english_bpe8192", tokenizer="bpe:8192", seq_len=max(L for _, L in shapes))))
-    meta = read_meta(data_dir)
-    print(f"data: {data_dir} ({meta['tokenizer']['name']}, {meta['splits']['train']['tokens']:,} train tokens); "
-          f"torch {torch.__version__}, threads {torch.get_num_threads()}; median [min–max] of {args.repeats} rounds")
-    sim = simulated_step(args.sim_ms)
-    for b, seq_len in shapes:
-        bench_shape(data_dir, b, seq_len, sim, args)
+        if not args.scale_tokens >= DEFAULT_SHARD_TOKENS / 50:  # also refuses nan
+            p.error("--scale-check needs --scale-tokens ≥ 2e6")
+        if args.scale_dir and not Path(args.scale_dir).is_dir():
+            p.error(f"--scale-dir {args.scale_dir} is not a folder: give an existing one (default: the temp dir)")
+        scale_check(args)
+        return 0
+    shapes = parse_shapes(p, args.shapes)
+    if args.sim_steps < 1 or not 0 < args.sim_ms < math.inf or args.steps < 0 or args.warmup < 0:
+        p.error(f"--sim-steps ({args.sim_steps}) must be ≥ 1, --sim-ms ({args.sim_ms}) a positive number, "
+                f"--steps ({args.steps}) and --warmup ({args.warmup}) ≥ 0")
+    bad = ModelConfig(d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads).invariants()
+    if args.steps and bad:
+        p.error("; ".join(f"--{key.replace('_', '-')}: {problem}" for key, problem in bad))
+    try:
+        data_dir = args.data_dir or str(ensure_prepared(DataConfig(
+            dir="data_cache/pd_english_bpe8192", tokenizer="bpe:8192", seq_len=max(L for _, L in shapes))))
+        meta = read_meta(data_dir)
+        print(f"data: {data_dir} ({meta['tokenizer']['name']}, {meta['splits']['train']['tokens']:,} train tokens); "
+              f"torch {torch.__version__}, threads {torch.get_num_threads()}; median [min–max] of {args.repeats} "
+              "rounds")
+        sim = simulated_step(args.sim_ms)
+        for b, seq_len in shapes:
+            bench_shape(data_dir, b, seq_len, sim, args)
+    except DataError as e:  # the data dir is not prepared, or its shards are shorter than a shape's seq_len
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.steps > 0:
         bench_model(data_dir, *shapes[0], args)
+    return 0
+
+
+def parse_shapes(p: argparse.ArgumentParser, text: str) -> list[tuple[int, int]]:
+    """"16x256,16x1024" → [(16, 256), (16, 1024)]; anything else is a usage error."""
+    try:
+        shapes = [tuple(int(v) for v in s.lower().split("x")) for s in text.split(",")]
+    except ValueError:
+        shapes = []
+    if not shapes or any(len(s) != 2 or min(s) < 1 for s in shapes):
+        p.error(f"--shapes {text!r}: give micro_batch×seq_len pairs of whole numbers ≥ 1, comma-separated "
+                "(16x256,8x1024)")
+    return shapes
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -16,8 +16,11 @@ from pathlib import Path
 import torch
 
 from config import ConfigError, load_config, resolve_vocab
+from data.tokenizer import TokenizerError
 from model.config import ModelConfig
 from model.llama import Llama, build_model
+from runtime.checkpoint import CheckpointError, load_model_weights
+from runtime.files import out_path_problem
 
 _LAYER_NAMES = {  # ours → transformers', inside layers.{i}
     "attn_norm.scale.weight": "input_layernorm.weight",
@@ -76,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("overrides", nargs="*", help="dotted.key=value overrides")
     args = parser.parse_args(argv)
+    problem = out_path_problem(args.out, "folder")
+    if problem:
+        parser.error(f"--out {problem}")
     try:
         cfg = load_config(args.config, args.overrides)
         model_cfg = resolve_vocab(cfg)
@@ -90,10 +96,16 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    except TokenizerError as e:  # resolve_vocab reads the config's tokenizer when it sets no vocab_size
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     model = build_model(model_cfg, seed=cfg.train.seed)
     if args.checkpoint:
-        from runtime.checkpoint import load_model_weights
-        load_model_weights(model, Path(args.checkpoint))
+        try:
+            load_model_weights(model, Path(args.checkpoint))
+        except CheckpointError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     out = export(model, args.out, max_positions=max(cfg.data.seq_len, 2048), dtype=getattr(torch, args.dtype))
     print(f"wrote {out}/config.json and model.safetensors ({model.num_params():,} parameters before folding)")
     return 0

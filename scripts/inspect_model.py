@@ -11,6 +11,7 @@ import sys
 import torch
 
 from config import ConfigError, load_config, resolve_vocab
+from data.tokenizer import TokenizerError
 from model.llama import Llama
 from model.summary import breakdown, format_breakdown
 
@@ -27,6 +28,9 @@ def main(argv: list[str] | None = None) -> int:
             model = Llama(resolve_vocab(cfg))
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
+        return 2
+    except TokenizerError as e:  # the vocabulary size comes from the config's tokenizer when it does not set one
+        print(f"error: {e}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(breakdown(model, cfg.data.seq_len), indent=2))

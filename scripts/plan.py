@@ -32,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.seeds < 1:
         p.error(f"--seeds must be at least 1 (got {args.seeds})")
+    bad = [o for o in args.overrides if "=" not in o]
+    if bad:
+        p.error(f"{bad[0]!r} is not a key=value override (e.g. train.steps=100)")
     if not 0 < args.mfu <= 1:
         p.error(f"--mfu must lie in (0, 1] (got {args.mfu}): a fraction, 0.4 for 40 %")
     try:

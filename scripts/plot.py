@@ -13,7 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from repro.runs import read_metrics, series
+from repro.plotting import image_out_problem
+from repro.runs import MetricsError, read_metrics, series
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,15 +26,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-x", action="store_true", help="x on a log axis")
     p.add_argument("--out", type=Path, required=True, help="output image (png/pdf/svg)")
     args = p.parse_args(argv)
+    problem = image_out_problem(args.out)
+    if problem:
+        p.error(f"--out {problem}")
+    try:
+        ref = read_metrics(args.delta_to) if args.delta_to else None
+        records = [(run, read_metrics(run)) for run in args.runs]
+    except (FileNotFoundError, MetricsError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    metrics = args.metric or ["loss", "val_loss"]
+    found = {m for _, recs in records for m in metrics if series(recs, m, args.x)[0]}
+    missing = [m for m in args.metric or [] if m not in found]
+    if missing or not found:
+        known = sorted({k for _, recs in records for r in recs for k, v in r.items()
+                        if isinstance(v, float) and ("/" not in k or k.startswith("val_loss/"))})
+        have = f"metrics found: {', '.join(known)}" if known else "no records yet (has the run logged a step?)"
+        print(f"error: no record of {', '.join(map(str, args.runs))} has {' or '.join(missing or metrics)} with "
+              f"{args.x}; {have}", file=sys.stderr)
+        return 2
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    metrics = args.metric or ["loss", "val_loss"]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    ref = read_metrics(args.delta_to) if args.delta_to else None
-    for run in args.runs:
-        recs = read_metrics(run)
+    for run, recs in records:
         for metric in metrics:
             xs, ys = series(recs, metric, args.x)
             if ref is not None:

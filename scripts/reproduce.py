@@ -32,6 +32,7 @@ from config import ConfigError, load_config
 from repro.figures import FIGURES, Figure
 from repro.paper import canonical
 from repro.proxy import PROXY, Shape, run_overrides
+from runtime.files import out_path_problem
 
 
 @dataclass(frozen=True)
@@ -108,8 +109,18 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_intermixed_args(argv)
     if args.seeds < 1:
         p.error("--seeds must be at least 1")
+    bad = [o for o in args.overrides if "=" not in o]
+    if bad:
+        p.error(f"{bad[0]!r} is not a key=value override: what follows -- goes to every run, e.g. train.steps=100")
+    for flag, path in (("--out-dir", args.out_dir), ("--plot-dir", args.plot_dir)):
+        problem = out_path_problem(path, "folder") if path else None
+        if problem:
+            p.error(f"{flag} {problem}")
+    nproc_text = os.environ.get("NPROC", "8")
+    if not nproc_text.isdigit() or int(nproc_text) < 1:
+        p.error(f"NPROC={nproc_text!r}: give the processes per node (GPUs) as a whole number ≥ 1")
+    nproc = int(nproc_text)
     figs = list(FIGURES.values()) if args.figure == "all" else [FIGURES[args.figure]]
-    nproc = int(os.environ.get("NPROC", "8"))
     try:
         per_fig = {f.number: jobs(f, args.scale, args.seeds, args.out_dir, args.overrides) for f in figs}
         # a run directory that several figures read (paper scale: repro/paper.py) is trained once
@@ -128,10 +139,15 @@ def main(argv: list[str] | None = None) -> int:
                   f"{', '.join(per_fig)}; `python -m scripts.plan` gives their data and compute", file=sys.stderr)
         return 0
 
-    from repro.runs import load_run
+    from repro.runs import MetricsError, load_run
     for i, job in enumerate([] if args.plot_only else todo, 1):
         run_dir = Path(args.out_dir) / job.run_name
-        if (run_dir / "config.yaml").exists() and load_run(run_dir).finished:
+        try:
+            finished = (run_dir / "config.yaml").exists() and load_run(run_dir).finished
+        except (ConfigError, MetricsError) as e:  # a run directory damaged by hand or by a disk
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        if finished:
             print(f"[{i}/{len(todo)}] {job.run_name}: finished, skipped")
             continue
         print(f"[{i}/{len(todo)}] {job.run_name}", flush=True)
@@ -149,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
                 runs.setdefault(job.run, []).append(load_run(Path(args.out_dir) / job.run_name))
             except FileNotFoundError as e:
                 print(f"error: {e} (run the same command without --plot-only first)", file=sys.stderr)
+                return 2
+            except (ConfigError, MetricsError) as e:
+                print(f"error: {e}", file=sys.stderr)
                 return 2
         name = f"fig{fig.number}" + ("-tiny" if args.scale == "tiny" else "")
         plot_dir = (args.plot_dir / name if len(figs) > 1 else args.plot_dir) if args.plot_dir else None

@@ -11,24 +11,26 @@ from pathlib import Path
 import torch
 
 from config import ConfigError, load_config
-from data.tokenizer import load_tokenizer
+from data.tokenizer import TokenizerError, load_tokenizer
 from model.llama import Llama, build_model
-from runtime.checkpoint import load_model_weights
+from runtime.checkpoint import CheckpointError, load_model_weights
 
 
 @torch.no_grad()
 def generate(model: Llama, prompt: list[int], max_new_tokens: int, context: int, temperature: float = 1.0,
-             top_k: int | None = None, generator: torch.Generator | None = None) -> list[int]:
-    """Sample token by token (no KV cache: the models here are small); the context is cropped to `context`."""
+             top_k: int | None = None, generator: torch.Generator | None = None,
+             n_vocab: int | None = None) -> list[int]:
+    """Sample token by token (no KV cache: the models here are small); the context is cropped to `context`. Only the
+    first `n_vocab` ids can come out: the rest of the model's (padded) vocabulary has no token to decode."""
     model.eval()
     tokens = torch.tensor([prompt], dtype=torch.long)
     for _ in range(max_new_tokens):
-        logits = model(tokens[:, -context:])[0, -1].float()  # (V,)
+        logits = model(tokens[:, -context:])[0, -1, :n_vocab].float()  # (V,)
         if temperature <= 0:
             nxt = logits.argmax()
         else:
             logits = logits / temperature
-            if top_k is not None:
+            if top_k:  # None or 0: every token
                 kth = torch.topk(logits, min(top_k, logits.numel())).values[-1]
                 logits = logits.masked_fill(logits < kth, float("-inf"))
             nxt = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)[0]
@@ -43,22 +45,35 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt", default="", help="text to continue (default: start of a document)")
     p.add_argument("--max-new-tokens", type=int, default=200)
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=50)
+    p.add_argument("--top-k", type=int, default=50, help="sample among the k likeliest tokens (0 = all of them)")
     p.add_argument("--num-samples", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    if args.max_new_tokens < 0 or args.num_samples < 1 or args.top_k < 0:
+        p.error(f"--max-new-tokens ({args.max_new_tokens}) and --top-k ({args.top_k}) must be ≥ 0, "
+                f"--num-samples ({args.num_samples}) ≥ 1")
+    if not 0 <= args.temperature < float("inf"):  # also refuses nan
+        p.error(f"--temperature {args.temperature}: give a finite number ≥ 0 (0 = greedy)")
+    if not args.run.is_dir():
+        p.error(f"--run {args.run} is not a directory: give a run directory (the folder with config.yaml and "
+                "checkpoints/)")
     try:
         cfg = load_config(args.run / "config.yaml")
     except ConfigError as e:
         print(f"error: {args.run} has no usable config.yaml ({e})", file=sys.stderr)
         return 2
-    tok = load_tokenizer(cfg.data.tokenizer, cfg.data.dir)
-    model = build_model(cfg.model)  # the saved config is resolved: vocab_size is set
-    load_model_weights(model, args.checkpoint or args.run)
+    try:
+        tok = load_tokenizer(cfg.data.tokenizer, cfg.data.dir)
+        model = build_model(cfg.model)  # the saved config is resolved: vocab_size is set
+        load_model_weights(model, args.checkpoint or args.run)
+    except (TokenizerError, CheckpointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     prompt = [tok.eot] + tok.encode(args.prompt)  # documents start with EOT in the prepared data
     gen = torch.Generator().manual_seed(args.seed)
     for i in range(args.num_samples):
-        out = generate(model, prompt, args.max_new_tokens, cfg.data.seq_len, args.temperature, args.top_k, gen)
+        out = generate(model, prompt, args.max_new_tokens, cfg.data.seq_len, args.temperature, args.top_k, gen,
+                       n_vocab=tok.n_vocab)
         if i:
             print("\n" + "-" * 60)
         print(args.prompt + tok.decode(out))

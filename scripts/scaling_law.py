@@ -16,19 +16,35 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
+import math
 import sys
 from pathlib import Path
 
 from repro.laws import analyze, points_from_runs
-from repro.plotting import plot_law
+from repro.plotting import image_out_problem, plot_law
 from repro.runs import load_run
 
 
 def points_from_csv(path: Path) -> dict[str, list[tuple[float, float]]]:
+    """Rows strategy,C,loss; a row that is not a name and two positive finite numbers is a ValueError naming it."""
     points: dict[str, list[tuple[float, float]]] = {}
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            points.setdefault(row["strategy"], []).append((float(row["C"]), float(row["loss"])))
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not a text CSV ({e.reason} at byte {e.start})") from e
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    if not {"strategy", "C", "loss"} <= set(reader.fieldnames or ()):
+        raise ValueError(f"{path}: the first row must name the columns strategy,C,loss (got {reader.fieldnames})")
+    for row in reader:
+        try:
+            c, loss = float(row["C"]), float(row["loss"])
+        except (TypeError, ValueError):  # a missing field (None) or a word
+            c = loss = math.nan
+        if not (row["strategy"] and 0 < c < math.inf and 0 < loss < math.inf):
+            raise ValueError(f"{path}, line {reader.line_num}: {row}: give a strategy name and C and loss as "
+                             "positive numbers")
+        points.setdefault(row["strategy"], []).append((c, loss))
     return points
 
 
@@ -41,6 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if bool(args.runs) == bool(args.points):
         p.error("give run directories or --points, not both or neither")
+    if args.points and not args.points.is_file():
+        p.error(f"--points {args.points} is not a file: give a CSV with columns strategy,C,loss")
+    problem = image_out_problem(args.out) if args.out else None
+    if problem:
+        p.error(f"--out {problem}")
     try:
         if args.points:
             points = points_from_csv(args.points)

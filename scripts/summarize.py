@@ -12,7 +12,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from repro.runs import Run, load_run
+from config import ConfigError
+from repro.runs import MetricsError, Run, load_run
 
 
 def table(runs: list[Run]) -> str:
@@ -37,13 +38,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.check_finished:
         try:
             return 0 if load_run(args.check_finished).finished else 1
-        except FileNotFoundError:
+        except (FileNotFoundError, ConfigError, MetricsError):  # not a run (yet), or one train.py will rewrite
             return 1
     runs = []
     for path in args.runs:
         try:
             runs.append(load_run(path))
-        except FileNotFoundError as e:
+        except (FileNotFoundError, ConfigError, MetricsError) as e:
             print(f"skipping {path}: {e}", file=sys.stderr)
     if not runs:
         print("error: no run directories with config.yaml and metrics.jsonl", file=sys.stderr)

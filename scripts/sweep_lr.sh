@@ -36,6 +36,13 @@ while [[ $# -gt 0 ]]; do
     shift
 done
 [[ ${#lrs[@]} -gt 0 ]] || lrs=(6e-4 1e-3 2e-3 3e-3 4e-3 5e-3 6e-3)
+for lr in "${lrs[@]}"; do  # all before the first run: a typo in the last lr must not wait for the others to train
+    mantissa=${lr%%[eE]*}
+    if [[ ! $lr =~ ^([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$ || ! $mantissa =~ [1-9] ]]; then
+        echo "error: lr $lr is not a positive number (e.g. 3e-3); give the lrs before --, the overrides after it" >&2
+        exit 2
+    fi
+done
 
 # The keys this script sets for every run: log.out_dir and log.wandb.group are honoured (and taken out of the
 # overrides, which would otherwise win over the script's own values), optim.lr and log.run_name refused before any run.
@@ -76,6 +83,7 @@ if [[ -z ${NPROC:-} ]]; then
     NPROC=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' || true)
     [[ $NPROC -gt 0 ]] || NPROC=1
 fi
+[[ $NPROC =~ ^[1-9][0-9]*$ ]] || { echo "error: NPROC=$NPROC: give the processes per run as a whole number ≥ 1" >&2; exit 2; }
 PYTHON=${PYTHON:-python}
 
 for lr in "${lrs[@]}"; do
