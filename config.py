@@ -40,7 +40,7 @@ class MuonConfig:
     nesterov: bool = True
     ns_steps: int = 5
     ns_coefficients: tuple[float, float, float] = (3.4445, -4.7750, 2.0315)  # Keller Jordan / Moonlight
-    # moonlight: update × 0.2·sqrt(max(m, n)) so its RMS matches AdamW's (PAPER.md §3.2);
+    # moonlight: update × 0.2·sqrt(max(m, n)) so its RMS matches AdamW's (docs/paper.md §3.2);
     # jordan: update × sqrt(max(1, m/n)) as in Keller Jordan's Muon.
     update_scale: Literal["moonlight", "jordan"] = "moonlight"
     eps: float = 1e-7
@@ -60,10 +60,10 @@ class OptimConfig:
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
     weight_decay: float = 0.1
-    # Which scale vectors decay (PAPER.md §1.7, Fig. 3): all | iwd (Input-Norm yes, Output-Norm no) | none |
+    # Which scale vectors decay (docs/paper.md §1.7, Fig. 3): all | iwd (Input-Norm yes, Output-Norm no) | none |
     # no_input | no_output (= iwd). Every other parameter decays by `weight_decay`.
     scale_weight_decay: WeightDecayMode = "all"
-    # Under OR/ER a decayed vector decays its scalar β; set true to decay α as well (PAPER.md §1.7 leaves it open).
+    # Under OR/ER a decayed vector decays its scalar β; set true to decay α as well (docs/paper.md §1.7 leaves it open).
     # Note: under OR, β → 0 pulls γ = β·Norm(α) toward 0 like direct decay; under ER, β → 0 pulls the scale e^β
     # toward 1, so ER's "decay" is a pull toward γ = 1, not toward 0.
     scale_wd_alpha: bool = False
@@ -75,8 +75,8 @@ class OptimConfig:
 class ScheduleConfig:
     name: Literal["cosine", "wsd"] = "cosine"
     warmup_steps: int = 0
-    min_lr_ratio: float = 0.05  # cosine ends at lr × min_lr_ratio (1/20, PAPER.md §3.1)
-    decay_frac: float = 0.2  # wsd: the last 20 % of steps decay (PAPER.md §3.3)
+    min_lr_ratio: float = 0.05  # cosine ends at lr × min_lr_ratio (1/20, docs/paper.md §3.1)
+    decay_frac: float = 0.2  # wsd: the last 20 % of steps decay (docs/paper.md §3.3)
     decay_shape: Literal["linear", "cosine", "sqrt"] = "linear"  # wsd decay shape, to 0
 
 
@@ -90,8 +90,10 @@ class TrainConfig:
     ckpt_every: int = 1000
     keep_ckpts: int = 2
     seed: int = 0
-    compile: bool = False
-    # auto: bf16 mixed precision on CUDA, fp32 on CPU; float64 runs everything in double (reference tests)
+    # Chosen from the hardware (runtime/precision.py). compile auto: on CUDA, and on CPU in bf16 (where it pays).
+    # dtype auto: bf16 mixed precision on CUDA and on a CPU with bf16 arithmetic (AMX, AVX512-BF16), else fp32;
+    # float64 runs everything in double (reference tests).
+    compile: Literal["auto", True, False] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float64"] = "auto"
     # A step whose loss or gradient norm is NaN/inf: stop (before any checkpoint sees that state) | skip (no update on
     # any rank, optimizer state untouched, counted as `skipped_steps` in metrics.jsonl; the run still stops after
@@ -162,6 +164,8 @@ class RunConfig:
                                                    "device)"))
         if not (t.loader_prefetch == "auto" or isinstance(t.loader_prefetch, bool)):
             bad.append(("train.loader_prefetch", f"{t.loader_prefetch!r} must be auto, true or false"))
+        if not (t.compile == "auto" or isinstance(t.compile, bool)):
+            bad.append(("train.compile", f"{t.compile!r} must be auto, true or false"))
         if not (t.reshard_after_forward == "auto" or isinstance(t.reshard_after_forward, bool)):
             bad.append(("train.reshard_after_forward", f"{t.reshard_after_forward!r} must be auto, true or false"))
         if t.fsdp_prefetch < 0:

@@ -127,7 +127,9 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
 
     # ---- model: build on meta → shard (FSDP2) → materialize → one init → compile blocks → optimizer
     built = build_training_model(cfg, di.device)
-    model, optimizer = built.model, built.optimizer
+    model, optimizer, precision = built.model, built.optimizer, built.precision
+    if di.is_main:  # auto chooses from the hardware (runtime/precision.py): say what, and why
+        print(precision.describe())
     # On the device, pinned and gathered one micro-batch ahead in a background thread where that pays (CUDA)
     loader = TrainLoader(cfg.data.dir, cfg.data.seq_len, t.micro_batch, di.rank, di.world_size, t.seed,
                          device=di.device, prefetch=resolve_prefetch(t.loader_prefetch, di.device))
@@ -147,7 +149,8 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
         step, tokens, skipped_steps = extra["step"], extra["tokens"], extra.get("skipped_steps", 0)
         loader.load_state_dict(extra["loader"])  # a global position: the same tokens per step on any layout
         if di.is_main:
-            print(f"resumed from {latest} at step {step}{layout_change(extra['loader'], loader)}")
+            print(f"resumed from {latest} at step {step}{layout_change(extra['loader'], loader)}"
+                  f"{precision_change(extra, precision)}")
             regrouped = aux_regrouped(cfg, extra["loader"], loader)
             if regrouped:
                 print(f"warning: {regrouped}", file=sys.stderr)
@@ -194,7 +197,8 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
 
     def checkpoint() -> None:  # only after guard.report() found no halt: a non-finite state is never saved
         extra = {"step": step, "tokens": tokens, "loader": loader.state_dict(), "config": cfg.to_yaml(),
-                 "skipped_steps": skipped_steps, "git_commit": git_commit()}
+                 "skipped_steps": skipped_steps, "git_commit": git_commit(),
+                 "precision": {"dtype": precision.dtype_name, "compile": precision.compile}}
         save_checkpoint(ckpt_dir, step, model, optimizer, extra, keep=t.keep_ckpts)
 
     # ---- a SIGTERM/SIGINT finishes the current step, checkpoints and exits (preemption loses nothing)
@@ -280,6 +284,7 @@ def _train(cfg: RunConfig, stop_at_step: Optional[int], di) -> dict:
                                         "grad_norm": norm_value if finite else None, "tok_per_s": tok_per_s,
                                         "mfu": mfu(flops_per_token, tok_per_s, di.world_size, peak),
                                         "skipped_steps": skipped_steps, "world_size": di.world_size,
+                                        "dtype": precision.dtype_name, "compile": precision.compile,
                                         "batch_digest": int(digest_value), **moe_record})
                 window_t0, window_tokens = time.perf_counter(), 0
             paused_at = time.perf_counter()  # eval and checkpoint time stays out of tok/s
@@ -331,6 +336,18 @@ def layout_change(saved: dict, loader) -> str:
         return ""
     return (f" (written by {before[0]} rank(s) × micro_batch {before[1]}, now {after[0]} × {after[1]}: the model "
             "and optimizer were resharded, and every step reads the same tokens as before)")
+
+
+def precision_change(saved: dict, precision) -> str:
+    """The resume message's note when `train.dtype: auto` resolved to another dtype where the checkpoint was written
+    (another CPU kind, or a GPU). Allowed: fp32 and bf16 mixed precision both keep fp32 master weights, optimizer
+    state and gradient reduction, so the checkpoint holds the same state either way; the steps from here on round
+    as the new dtype does. (An explicit train.dtype change is refused by resume_conflicts.)"""
+    was = saved.get("precision", {}).get("dtype")
+    if was is None or was == precision.dtype_name:
+        return ""
+    return (f" (trained in {was} until now, {precision.dtype_name} from here on: {precision.reason}; the master weights "
+            "and optimizer state are fp32 in both)")
 
 
 def aux_regrouped(cfg: RunConfig, saved: dict, loader) -> str:

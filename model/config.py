@@ -1,4 +1,4 @@
-"""Typed model configuration: sizes, the scale-vector knobs (PAPER.md §1) and parameter roles.
+"""Typed model configuration: sizes, the scale-vector knobs (docs/paper.md §1) and parameter roles.
 
 Pure data: no torch imports, so config loading stays cheap and the training side can reuse these types.
 """
@@ -20,13 +20,13 @@ class Role(str, enum.Enum):
     MATRIX = "matrix"  # 2-D weights inside the blocks (q/k/v/o, gate/up/down, the shared expert's)
     EXPERT_MATRIX = "expert_matrix"  # stacked routed-expert weights (E, out, in): Muon per expert
     ROUTER = "router"  # the MoE router (and the optional shared-expert gate): AdamW
-    SCALE_INPUT = "scale_input"  # Input-Norm vectors: read directly by a linear map (PAPER.md §1.7)
+    SCALE_INPUT = "scale_input"  # Input-Norm vectors: read directly by a linear map (docs/paper.md §1.7)
     SCALE_OUTPUT = "scale_output"  # Output-Norm vectors: DNP/AP/DP output side, Q/K-Norm, Gemma output norms
 
 
 @dataclass
 class ScaleConfig:
-    """Where the scale vectors sit and how they are parameterized (PAPER.md §1.4–1.6, DESIGN.md).
+    """Where the scale vectors sit and how they are parameterized (docs/paper.md §1.4–1.6, docs/design.md).
 
     For every linear map W_c that reads a Pre-Norm output: y = u_c ⊙ post(W_c (v_c ⊙ Norm x)).
     """
@@ -34,7 +34,7 @@ class ScaleConfig:
     heterogeneous: bool = False  # HG: one input-side v per branch (q, k, v, gate, up) instead of one per norm
     placement: Placement = "input"  # none | input (Llama) | ap (u only) | dp (u and v) | dnp (u, inner Norm, v)
     reparam: Reparam = "direct"  # direct γ | or: γ = β·Norm(α) | er: γ = e^β · e^(α − mean α)
-    lm_head: bool = False  # the final-norm → LM-head branch takes `placement` too (PAPER.md §2.4)
+    lm_head: bool = False  # the final-norm → LM-head branch takes `placement` too (docs/paper.md §2.4)
     # MoE only: the router branch takes the output side of `placement` too (a vector over the expert logits, and
     # DNP's Norm of the logits). Its input side always follows its norm, like every branch. [U] off by default.
     router: bool = False
@@ -67,7 +67,7 @@ ExpertImpl = Literal["auto", "grouped", "loop"]
 
 @dataclass
 class MoEConfig:
-    """Llama-MoE's FFN (PAPER.md §2.2): `n_experts` routed SwiGLU experts, `top_k` per token (token choice,
+    """Llama-MoE's FFN (docs/paper.md §2.2): `n_experts` routed SwiGLU experts, `top_k` per token (token choice,
     dropless), plus `n_shared` always-on experts. Everything the paper leaves open is a choice here ([U])."""
 
     n_experts: int = 32  # [P]
@@ -120,15 +120,15 @@ class ModelConfig:
     n_layers: int = 6
     n_heads: int = 12
     n_kv_heads: Optional[int] = None  # None: multi-head attention (= n_heads); fewer: GQA
-    d_ffn: Optional[int] = None  # None: int(8·d_model/3) (PAPER.md §1.2)
+    d_ffn: Optional[int] = None  # None: int(8·d_model/3) (docs/paper.md §1.2)
     vocab_size: Optional[int] = None  # None: the tokenizer's n_vocab rounded up to vocab_multiple
-    vocab_multiple: int = 64  # GPT-2's 50,257 → 50,304, as nanoGPT and PAPER.md §2.3
+    vocab_multiple: int = 64  # GPT-2's 50,257 → 50,304, as nanoGPT and docs/paper.md §2.3
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     init_std: float = 0.02
     scale: ScaleConfig = field(default_factory=ScaleConfig)
-    gemma_norms: bool = False  # Fig. 3 layout: Q/K-Norm + attention-output and FFN-output norms (PAPER.md §3.4)
-    moe: Optional[MoEConfig] = None  # None: dense SwiGLU FFN; set: Llama-MoE (PAPER.md §2.2)
+    gemma_norms: bool = False  # Fig. 3 layout: Q/K-Norm + attention-output and FFN-output norms (docs/paper.md §3.4)
+    moe: Optional[MoEConfig] = None  # None: dense SwiGLU FFN; set: Llama-MoE (docs/paper.md §2.2)
     # Storage only: every FFN hidden size (the dense MLP, the MoE's shared and routed experts) is zero-padded to a
     # multiple of this, so bf16 rows stay 128-byte aligned (int(8d/3) = 2730 at d 1024 is not even 16-byte aligned,
     # and cuBLAS then leaves its fastest kernels). The padding is exact zeros that no gradient reaches; parameter

@@ -1,4 +1,4 @@
-"""Llama (PAPER.md §1.2, §2): token embedding, n_layers Pre-Norm blocks (RoPE attention with SDPA, SwiGLU MLP — or the
+"""Llama (docs/paper.md §1.2, §2): token embedding, n_layers Pre-Norm blocks (RoPE attention with SDPA, SwiGLU MLP — or the
 MoE FFN of model/moe.py when `model.moe` is set), a final norm and an untied LM head; no biases. Where the scale vectors
 sit is decided by model/scaling.py.
 
@@ -29,11 +29,11 @@ class Attention(nn.Module):
         d, hd, eps = cfg.d_model, cfg.head_dim, cfg.norm_eps
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, hd
         lay = group_layout(cfg.scale, n_branches=3)
-        # DNP's inner Norm is per head on q/k/v (PAPER.md §1.5); on q/k it is Q/K-Norm, applied before RoPE [I §1.9].
+        # DNP's inner Norm is per head on q/k/v (docs/paper.md §1.5); on q/k it is Q/K-Norm, applied before RoPE [I §1.9].
         self.q_proj = lay.branch(d, cfg.n_heads * hd, eps, inner_group=hd)
         self.k_proj = lay.branch(d, cfg.kv_heads * hd, eps, inner_group=hd)
         self.v_proj = lay.branch(d, cfg.kv_heads * hd, eps, inner_group=hd)
-        self.o_proj = ScaledLinear(cfg.n_heads * hd, d)  # no vectors: it reads no Pre-Norm (PAPER.md §1.9)
+        self.o_proj = ScaledLinear(cfg.n_heads * hd, d)  # no vectors: it reads no Pre-Norm (docs/paper.md §1.9)
         # Gemma layout (Fig. 3): Q/K-Norm with one γ ∈ R^head_dim shared across heads, as in Gemma3.
         self.q_norm = extra_norm(cfg.scale, cfg.n_heads * hd, eps, group=hd) if cfg.gemma_norms else None
         self.k_norm = extra_norm(cfg.scale, cfg.kv_heads * hd, eps, group=hd) if cfg.gemma_norms else None
@@ -70,7 +70,7 @@ class MLP(nn.Module):
 
 
 def ffn(cfg: ModelConfig, layout: GroupLayout) -> nn.Module:
-    """The FFN of a block: the dense SwiGLU, or the MoE (routed experts + the shared expert, PAPER.md §2.2)."""
+    """The FFN of a block: the dense SwiGLU, or the MoE (routed experts + the shared expert, docs/paper.md §2.2)."""
     d, eps = cfg.d_model, cfg.norm_eps
     if cfg.moe is None:
         return MLP(d, cfg.ffn_dim, eps, layout, cfg.padded_ffn(cfg.ffn_dim))
@@ -108,7 +108,7 @@ class Llama(nn.Module):
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         head = group_layout(cfg.scale, n_branches=1, takes_placement=cfg.scale.lm_head)
         self.norm = head.norm(d, cfg.norm_eps)
-        # With DNP on the head, the inner Norm runs over the whole vocabulary of logits (PAPER.md §1.9 [I]).
+        # With DNP on the head, the inner Norm runs over the whole vocabulary of logits (docs/paper.md §1.9 [I]).
         self.lm_head = head.branch(d, V, cfg.norm_eps, role=Role.LM_HEAD)
         self.compiled_head: Optional[str] = None  # compile_for_training(): the backend of the fused head + loss
 
@@ -143,7 +143,7 @@ class Llama(nn.Module):
     def init_weights(self, seed: int = 0) -> None:
         """The one init scheme. Every matrix and the embedding ~ N(0, init_std²); o_proj and down_proj (the experts'
         too), which write into the residual stream, use init_std/√(2·n_layers) (GPT-2's depth scaling); every scale
-        vector starts at γ = 1 (PAPER.md §1.1); MoE balancing buffers start at 0. Each parameter is drawn whole from a
+        vector starts at γ = 1 (docs/paper.md §1.1); MoE balancing buffers start at 0. Each parameter is drawn whole from a
         generator seeded by (seed, its name), then sharded if it is a DTensor, so the model is identical for any world
         size and any module order. A padded FFN weight (model.ffn_pad_multiple) draws its logical shape and pads it
         with zeros, so the padding never changes a value: the logical weights are those of the unpadded model."""
@@ -226,7 +226,7 @@ class Llama(nn.Module):
         return n - self.tok_embeddings.weight.numel() if exclude_embedding else n
 
     def activated_params(self, exclude_embedding: bool = False) -> int:
-        """The parameters one token uses: all but the routed experts it is not sent to (PAPER.md §2.3's "activated";
+        """The parameters one token uses: all but the routed experts it is not sent to (docs/paper.md §2.3's "activated";
         = num_params for a dense model)."""
         return self.num_params(exclude_embedding) - sum(m.inactive_params() for _, m in self.moe_layers())
 
@@ -250,7 +250,7 @@ class Llama(nn.Module):
     def flops_per_token(self, seq_len: int) -> int:
         """Training FLOPs per token: 6·N plus attention scores and values, 12·n_layers·n_heads·head_dim·seq_len (PaLM's
         count, without halving for the causal mask). N = activated parameters without the input embedding: for a
-        dense model, the paper's compute axis (PAPER.md §3.6); for MoE, what a token costs (MFU). The paper's MoE
+        dense model, the paper's compute axis (docs/paper.md §3.6); for MoE, what a token costs (MFU). The paper's MoE
         compute axis counts total parameters instead (§3.6)."""
         c = self.cfg
         return 6 * self.activated_params(exclude_embedding=True) + 12 * c.n_layers * c.n_heads * c.head_dim * seq_len

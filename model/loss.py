@@ -121,7 +121,7 @@ _ADD_GEMM: dict[str, Callable] = {}
 def _add_gemm() -> Callable:
     """The op acc += a b (`how`: `_weight_grad_mode`), as a custom op that declares its mutation: compiled, the
     buffer is updated in place, where a traced `addmm_` is functionalized into a fresh (V, d) product and a copy."""
-    if "op" not in _ADD_GEMM:  # registered on first use: no import-time side effects (DESIGN.md principle 4)
+    if "op" not in _ADD_GEMM:  # registered on first use: no import-time side effects (docs/design.md principle 4)
         @torch.library.custom_op("scalevec::add_gemm_", mutates_args=("acc",))
         def add_gemm_(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, how: str) -> None:
             # `how`, not `mode`: the compiled graph's wrapper of a mutating op takes a `mode` of its own
@@ -170,7 +170,7 @@ _COMPILED: dict[str, Callable] = {}
 
 
 def _compiled_chunk_loss(backend: str) -> Callable:
-    if backend not in _COMPILED:  # built on first use: no import-time side effects (DESIGN.md principle 4)
+    if backend not in _COMPILED:  # built on first use: no import-time side effects (docs/design.md principle 4)
         _COMPILED[backend] = torch.compile(_chunk_loss_sum, fullgraph=True, dynamic=False, backend=backend)
     return _COMPILED[backend]
 

@@ -1,4 +1,4 @@
-"""Llama-MoE's FFN (PAPER.md §2.2): a router, `n_experts` routed SwiGLU experts (top-k, token choice, dropless) and
+"""Llama-MoE's FFN (docs/paper.md §2.2): a router, `n_experts` routed SwiGLU experts (top-k, token choice, dropless) and
 one always-on shared SwiGLU expert, in place of the dense MLP inside the same Block.
 
     out = Σ_{e ∈ topk(x)} w_e(x) · E_e(x)  +  S(x)           w = softmax(router(x)) at the chosen experts
@@ -9,7 +9,7 @@ balancing by the Switch auxiliary loss E·Σᵢ fᵢ·Pᵢ (per layer, per micro
 aux-loss-free bias (it only chooses the top-k; updated after each optimizer step from the loads of all ranks), or none.
 
 Where the scale vectors sit [U, our reading of the paper's rule]. Every linear map that reads the FFN's Pre-Norm output
-is a branch of that norm (PAPER.md §1.8): the router, the shared expert's gate and up, and the routed experts' gate and
+is a branch of that norm (docs/paper.md §1.8): the router, the shared expert's gate and up, and the routed experts' gate and
 up. So the baseline shares one γ among all of them (as Qwen-MoE's post_attention_layernorm does), and
 - input side (HG, DP, DNP): one v per branch *kind* — router, shared gate, shared up, routed gate, routed up. A routed
   expert's input lives in R^d like every other expert's, so one v_gate serves all routed gate matrices; it keeps the
@@ -17,7 +17,7 @@ up. So the baseline shares one γ among all of them (as Qwen-MoE's post_attentio
 - output side (AP, DP, DNP) and DNP's inner Norm: per routed expert, since an expert's hidden units are its own:
   u_e ∈ R^{F} for each expert's gate and up. The shared expert is an ordinary SwiGLU branch pair.
 - the router keeps only the input side unless `scale.router` (then an output vector over the E logits, and DNP's Norm
-  of the logits); down projections take no vectors, as in the dense model (PAPER.md §1.9).
+  of the logits); down projections take no vectors, as in the dense model (docs/paper.md §1.9).
 model/scaling.py builds every vector; this file only routes.
 
 Compute: slots (token, choice) are sorted by expert (a stable argsort), the tokens gathered once, and each expert

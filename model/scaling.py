@@ -1,7 +1,7 @@
-"""The only place scale vectors exist (DESIGN.md): Norm, ScaleVector (direct / OR / ER), ScaledLinear, and the
+"""The only place scale vectors exist (docs/design.md): Norm, ScaleVector (direct / OR / ER), ScaledLinear, and the
 rule that turns a ScaleConfig into structure.
 
-Every linear map W_c that reads a Pre-Norm output is a branch c. A branch computes (PAPER.md §1.8, eq. 13)
+Every linear map W_c that reads a Pre-Norm output is a branch c. A branch computes (docs/paper.md §1.8, eq. 13)
 
     y = u_c ⊙ post(W_c (v_c ⊙ Norm x)),   post = identity, or Norm (per head on q/k/v) for DNP,
 
@@ -22,7 +22,7 @@ from model.config import Role, ScaleConfig
 
 
 def rms_normalize(x: torch.Tensor, eps: float, n: Optional[int] = None) -> torch.Tensor:
-    """Norm(x) = √d · x / ‖x‖ over the last dim (PAPER.md §1.1), with the usual RMSNorm eps. Computed in float32 (as
+    """Norm(x) = √d · x / ‖x‖ over the last dim (docs/paper.md §1.1), with the usual RMSNorm eps. Computed in float32 (as
     transformers' LlamaRMSNorm does) and cast back, so bf16 activations keep an fp32 reduction.
 
     `n`: the logical width when the last dim carries zero padding (MoE experts): the mean square is Σx²/n, so the
@@ -64,7 +64,7 @@ class _Norm(torch.autograd.Function):
 
 
 class ScaleVector(nn.Module):
-    """One learnable vector γ ∈ R^dim in one of three parameterizations (PAPER.md §1.6):
+    """One learnable vector γ ∈ R^dim in one of three parameterizations (docs/paper.md §1.6):
 
     direct: γ = weight,                            weight₀ = 1
     or:     γ = β · Norm(α) = β·√d·α/‖α‖,           α₀ = 1, β₀ = 1   (Thm 3.2)
@@ -102,7 +102,7 @@ class ScaleVector(nn.Module):
             return self.weight
         a = self.alpha
         if self.reparam == "or":
-            # No eps inside Norm(α): ‖α‖ stays √d under gradient flow (PAPER.md §5.5), far from 0.
+            # No eps inside Norm(α): ‖α‖ stays √d under gradient flow (docs/paper.md §5.5), far from 0.
             return self.beta * (a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True)))
         return torch.exp(self.beta + a - a.mean(-1, keepdim=True))
 
@@ -173,7 +173,7 @@ class ScaledLinear(nn.Module):
         block matrix W (d_out × d_in) is far smaller than a micro-batch's rows x (N × d_in), so v and u (without an
         inner Norm) scale W's columns and rows instead of N rows of activations — fewer FLOPs, and backward keeps
         the one shared normalized input rather than one scaled copy per branch (HG). The LM head (W: vocab × d)
-        scales its activations. DESIGN.md's rule stands: no diag() matrices, no u vᵀ outer product.
+        scales its activations. docs/design.md's rule stands: no diag() matrices, no u vᵀ outer product.
 
         `matmul(x, W)` → x Wᵀ stands in for F.linear, for a caller that forms W's gradient itself (the fused LM
         head + loss, model/loss.py, accumulates it in place): then no vector folds into W, so `matmul` gets the
@@ -203,7 +203,7 @@ class ScaledLinear(nn.Module):
 
     @torch.no_grad()
     def folded_weight(self, extra_in: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """diag(u) W diag(v ⊙ extra_in): the plain weight with identical outputs (PAPER.md §1.8). `extra_in` is a
+        """diag(u) W diag(v ⊙ extra_in): the plain weight with identical outputs (docs/paper.md §1.8). `extra_in` is a
         shared pre-norm vector being folded in as well. Refuses a branch with an inner Norm (DNP)."""
         if self.inner is not None:
             raise ValueError("a branch with DNP's inner Norm does not fold into a plain linear map")
@@ -343,7 +343,7 @@ def group_layout(cfg: ScaleConfig, n_branches: int, takes_placement: bool = True
     """
     placement = cfg.placement if takes_placement or not cfg.has_vectors else "input"
     input_side = placement in ("input", "dp", "dnp")
-    hetero = cfg.heterogeneous and n_branches > 1  # HG does not change a single-branch norm (PAPER.md §1.4)
+    hetero = cfg.heterogeneous and n_branches > 1  # HG does not change a single-branch norm (docs/paper.md §1.4)
     return GroupLayout(
         shared_input=input_side and not hetero,
         branch_input=input_side and hetero,
@@ -354,6 +354,6 @@ def group_layout(cfg: ScaleConfig, n_branches: int, takes_placement: bool = True
 
 
 def extra_norm(cfg: ScaleConfig, dim: int, eps: float, group: Optional[int] = None) -> Norm:
-    """A Gemma-style Output-Norm (Q/K-Norm, attention/FFN output norm; PAPER.md §3.4): γ ⊙ Norm(x), γ ∈ R^group."""
+    """A Gemma-style Output-Norm (Q/K-Norm, attention/FFN output norm; docs/paper.md §3.4): γ ⊙ Norm(x), γ ∈ R^group."""
     scale = ScaleVector(group or dim, cfg.reparam, Role.SCALE_OUTPUT) if cfg.has_vectors else None
     return Norm(dim, eps, scale, group)

@@ -5,7 +5,7 @@ from model.llama import Llama
 
 
 def breakdown(model: Llama, seq_len: int) -> dict:
-    """Counts of a (possibly meta-device) model; the keys DESIGN.md's inspect_model contract names."""
+    """Counts of a (possibly meta-device) model; the keys docs/design.md's inspect_model contract names."""
     by_role = model.params_by_role()
     scale = by_role["scale_input"] + by_role["scale_output"]
     return {

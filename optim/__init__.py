@@ -1,5 +1,5 @@
-"""Optimizers and lr schedules: parameter roles → groups (IWD, PAPER.md §1.7) → AdamW + Muon (PAPER.md §3.1–3.2),
-with lr schedules as pure functions (PAPER.md §3.1, §3.3).
+"""Optimizers and lr schedules: parameter roles → groups (IWD, docs/paper.md §1.7) → AdamW + Muon (docs/paper.md §3.1–3.2),
+with lr schedules as pure functions (docs/paper.md §3.1, §3.3).
 
 The trainer's whole use:
     opt = build_optimizer(model, model.param_roles(), cfg.optim, fused=True)

@@ -1,4 +1,4 @@
-"""Global gradient-norm clipping that is correct under FSDP2 (PAPER.md §3.1: clip at 1.0).
+"""Global gradient-norm clipping that is correct under FSDP2 (docs/paper.md §3.1: clip at 1.0).
 
 Under FSDP2 every gradient is a DTensor sharded on dim 0. `torch.nn.utils.get_total_norm` over DTensors returns
 a DTensor holding a *partial* norm; `full_tensor()` all-reduces it into the true global norm, the same on every

@@ -1,8 +1,8 @@
-"""Parameter roles → optimizer param groups: who decays (IWD, PAPER.md §1.7) and who gets Muon (PAPER.md §3.2).
+"""Parameter roles → optimizer param groups: who decays (IWD, docs/paper.md §1.7) and who gets Muon (docs/paper.md §3.2).
 
 Everything keys off the role the model assigns (`model.param_roles()`), never off shapes; the one place a name is
 read is the OR/ER split of a scale vector into its magnitude β (`...beta`) and direction α (`...alpha`), whose
-decay the paper leaves open (PAPER.md §1.7, §6.1) and `optim.scale_wd_alpha` decides.
+decay the paper leaves open (docs/paper.md §1.7, §6.1) and `optim.scale_wd_alpha` decides.
 """
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ if TYPE_CHECKING:
 
 SCALE_ROLES = frozenset({Role.SCALE_INPUT.value, Role.SCALE_OUTPUT.value})
 # Muon takes the 2-D weights inside the blocks (and, once the MoE model exists, its stacked 3-D expert weights,
-# orthogonalized per expert); embeddings, the LM head, routers and every scale vector stay on AdamW (PAPER.md
+# orthogonalized per expert); embeddings, the LM head, routers and every scale vector stay on AdamW (docs/paper.md
 # §3.2). Roles compare as strings (Role is a str Enum), so a role the model adds later needs no change here.
 MUON_ROLES = frozenset({Role.MATRIX.value, "expert_matrix"})
 
-# mode → (does an Input-Norm vector decay, does an Output-Norm vector decay). PAPER.md §1.7 and Fig. 3:
+# mode → (does an Input-Norm vector decay, does an Output-Norm vector decay). docs/paper.md §1.7 and Fig. 3:
 # "all" is the paper's default (Llama and the Gemma baseline decay every scale vector); "iwd" = "no wd:
 # Output-Norm" is the paper's proposal; "no_input" is Fig. 3's other arm.
 WD_MODES: dict[str, tuple[bool, bool]] = {
@@ -43,7 +43,7 @@ def decays(name: str, role: Role | str, mode: str, include_alpha: bool) -> bool:
     """Whether parameter `name` with `role` gets weight decay under `optim.scale_weight_decay = mode`.
 
     Non-scale parameters (embedding, LM head, matrices, …) always decay: the Llama default of wd 0.1 on every
-    parameter (PAPER.md §1.7, §3.1). For a decayed scale vector under OR/ER (γ = β·Norm(α), γ = e^β·e^(α−mean α))
+    parameter (docs/paper.md §1.7, §3.1). For a decayed scale vector under OR/ER (γ = β·Norm(α), γ = e^β·e^(α−mean α))
     the scalar β decays, and α only when `include_alpha` (optim.scale_wd_alpha).
     """
     if mode not in WD_MODES:
@@ -71,7 +71,7 @@ def param_groups(
     Llama.logical_shapes(); its own shape when absent), which Muon's update scale reads (optim/muon.py).
 
     adamw: groups "adamw/decay" and "adamw/no_decay". muon: "muon" (every Muon role; matrices always decay,
-    PAPER.md §3.2: "weight decay 0.1") plus the two AdamW groups for everything else. Empty groups are dropped.
+    docs/paper.md §3.2: "weight decay 0.1") plus the two AdamW groups for everything else. Empty groups are dropped.
     Parameters with requires_grad=False are left out. Raises if a trainable parameter has no role; asserts that
     every trainable parameter lands in exactly one group.
     """

@@ -1,4 +1,4 @@
-"""One optimizer object over AdamW groups and Muon groups (PAPER.md §3.2: Muon for the block matrices, AdamW for
+"""One optimizer object over AdamW groups and Muon groups (docs/paper.md §3.2: Muon for the block matrices, AdamW for
 everything else), so the trainer and torch.distributed.checkpoint see a single ordinary torch.optim.Optimizer.
 
 Design: `HybridOptimizer` is a plain torch.optim.Optimizer that owns every param group and one shared `state`,

@@ -1,7 +1,7 @@
 """How Muon.step (optim/muon.py) splits the Newton–Schulz work of FSDP2-sharded matrices across ranks, instead of
 the reference path, optim/muon.py's `orthogonalize` (`full_tensor()`, then NS on every rank).
 
-Distributed Muon (`optim.muon.distributed: true`, the default; DESIGN.md principle 9) gives each matrix one owner
+Distributed Muon (`optim.muon.distributed: true`, the default; docs/design.md principle 9) gives each matrix one owner
 rank, which alone runs its Newton–Schulz:
   1. Owners by greedy longest-processing-time (LPT): matrices sorted by NS cost b·m·n·min(m, n) (per iteration
      X·Xᵀ and A·X cost ≈ 2·k²·K each for k = min, K = max), each to the least-loaded rank. Every rank computes the

@@ -1,4 +1,4 @@
-"""Learning-rate schedules as pure functions of the step (PAPER.md §3.1 cosine, §3.3 WSD).
+"""Learning-rate schedules as pure functions of the step (docs/paper.md §3.1 cosine, §3.3 WSD).
 
 The trainer owns the loop and calls `lr_at(step, total_steps, cfg.optim.lr, cfg.schedule)` once per optimizer step,
 then `set_lr(optimizer, lr)` (optim/__init__.py) writes it into every param group. Nothing here holds state, so a
@@ -8,9 +8,9 @@ Conventions (steps are 0-based; the run's last optimizer step is `total_steps - 
 - warmup: lr(s) = peak · (s + 1) / warmup_steps for s < warmup_steps, so step 0 already moves the weights
   (lr = peak / warmup_steps, never 0) and the last warmup step, s = warmup_steps - 1, is at the peak;
 - cosine: from the peak at s = warmup_steps down to peak · min_lr_ratio exactly at s = total_steps - 1
-  (PAPER.md §3.1: lr_min = lr_max / 20; "[I] the decay presumably runs to the final step");
+  (docs/paper.md §3.1: lr_min = lr_max / 20; "[I] the decay presumably runs to the final step");
 - wsd: constant peak up to and including s = decay_start = int(total_steps · (1 - decay_frac)), then decay to
-  exactly 0 at s = total_steps - 1 with the chosen shape (PAPER.md §3.3: constant until 80 %, linear to 0);
+  exactly 0 at s = total_steps - 1 with the chosen shape (docs/paper.md §3.3: constant until 80 %, linear to 0);
 - steps past the end keep the final value.
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@
     experiments.py  when two runs are the same experiment (resolved config outside log.*)
     paper.py        the paper-scale plan: unique runs, their data, their compute (scripts/plan.py)
     proxy.py        how a paper run becomes a CPU proxy run: shapes, steps, batch, tokens per parameter
-    comparisons.py  what docs/results.md compares, with the paper's numbers (PAPER.md §4)
+    comparisons.py  what docs/results.md compares, with the paper's numbers (docs/paper.md §4)
     runs.py         reading a run directory: config.yaml and metrics.jsonl, never wandb
     stats.py        paired deltas, intervals, MDE, verdicts on sign and size, chance
     laws.py         power laws in compute, equal-loss multipliers, exponent intervals, crossings

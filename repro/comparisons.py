@@ -1,5 +1,5 @@
 """What the results page compares: each comparison's curves (figure runs at a proxy shape, under overrides), the
-first curve the reference of every delta, and the paper's numbers each delta is read against (PAPER.md §4).
+first curve the reference of every delta, and the paper's numbers each delta is read against (docs/paper.md §4).
 
 The plan's order is the order the runs go in (scripts/results.py runs the unique runs seed by seed): changing a
 curve's label, suffix or order renames or reorders run directories of a reproduction in progress.
@@ -20,7 +20,7 @@ class Curve:
     run: str
     overrides: tuple[str, ...] = ()  # on top of the proxy's sizes (an lr of the grid)
     suffix: str = ""  # tells apart the run directories of one figure run under different overrides or shapes
-    paper_delta: Optional[float] = None  # the paper's terminal Δ to the comparison's reference (PAPER.md §4)
+    paper_delta: Optional[float] = None  # the paper's terminal Δ to the comparison's reference (docs/paper.md §4)
     shape: Optional[Shape] = None  # the proxy shape (repro/proxy.py); None: the run's own (paper_shape)
 
 
@@ -40,7 +40,7 @@ class Comparison:
         return [(self.curves[i], self.curves[i + 1]) for i in range(0, len(self.curves), 2)]
 
 
-# The paper's terminal deltas (PAPER.md §4.4, Fig. 5), each against its panel's first curve.
+# The paper's terminal deltas (docs/paper.md §4.4, Fig. 5), each against its panel's first curve.
 FIG5_DELTAS = {
     "heterogeneity": {"hg": -0.0044},
     "placement": {"hg_ap": +0.0099, "hg_dp": -0.0032, "hg_dnp": +0.0341},
@@ -48,12 +48,12 @@ FIG5_DELTAS = {
                            "hg_dnp_er": -0.0238},
     "weight decay": {"hg_dnp_er": +0.0008, "hg_dnp_or_iwd": -0.0009, "hg_dnp_er_iwd": -0.0004},
 }
-FIG6_DELTAS = {"0.12b": -0.0331, "0.25b": -0.0244, "0.5b": -0.0416, "0.75b": -0.0373, "1b": -0.0148}  # PAPER.md §4.5
-FIG7_DELTAS = {"0.25b": -0.0305, "0.5b": -0.0209, "0.8b": -0.0499, "1b": -0.0236, "2b": -0.0207}  # PAPER.md §4.6
-FIG6_MULTIPLIER, FIG7_MULTIPLIER = 1.22, 1.25  # PAPER.md §4.5, §4.6: equal-loss compute ratio of the fitted laws
-FIG1_SAME_LR, FIG1_BEST_LR = +0.0285, +0.0149  # PAPER.md §4.1: without − with scale vectors
-FIG8_DELTA, FIG8_MOE_DELTA = -0.0156, -0.0188  # PAPER.md §4.7: Dense-0.12B, MoE-0.5B, unified − baseline
-FIG9_DELTA, FIG9_MOE_DELTA = -0.0269, -0.0186  # PAPER.md §4.8
+FIG6_DELTAS = {"0.12b": -0.0331, "0.25b": -0.0244, "0.5b": -0.0416, "0.75b": -0.0373, "1b": -0.0148}  # docs/paper.md §4.5
+FIG7_DELTAS = {"0.25b": -0.0305, "0.5b": -0.0209, "0.8b": -0.0499, "1b": -0.0236, "2b": -0.0207}  # docs/paper.md §4.6
+FIG6_MULTIPLIER, FIG7_MULTIPLIER = 1.22, 1.25  # docs/paper.md §4.5, §4.6: equal-loss compute ratio of the fitted laws
+FIG1_SAME_LR, FIG1_BEST_LR = +0.0285, +0.0149  # docs/paper.md §4.1: without − with scale vectors
+FIG8_DELTA, FIG8_MOE_DELTA = -0.0156, -0.0188  # docs/paper.md §4.7: Dense-0.12B, MoE-0.5B, unified − baseline
+FIG9_DELTA, FIG9_MOE_DELTA = -0.0269, -0.0186  # docs/paper.md §4.8
 
 
 @dataclass
@@ -83,27 +83,27 @@ def mean(values) -> float:
 
 
 def default_comparisons(lrs: tuple[float, ...]) -> list[Comparison]:
-    out = [Comparison(f"fig5-{p.title.replace(' ', '_')}", f"Fig. 5, {p.title}", "PAPER.md §4.4",
+    out = [Comparison(f"fig5-{p.title.replace(' ', '_')}", f"Fig. 5, {p.title}", "docs/paper.md §4.4",
                       tuple(Curve(c, "5", c, paper_delta=FIG5_DELTAS[p.title].get(c)) for c in p.curves))
            for p in FIGURES["5"].panels]
-    out.append(Comparison("fig1-lr_grid", "Fig. 1, with and without scale vectors over an lr grid", "PAPER.md §4.1",
+    out.append(Comparison("fig1-lr_grid", "Fig. 1, with and without scale vectors over an lr grid", "docs/paper.md §4.1",
                           tuple(Curve(f"{name} lr {lr_text(lr)}", "1", run, (f"optim.lr={lr_text(lr)}",), f"-lr{lr_text(lr)}")
                                 for lr in lrs for name, run in (("baseline", "baseline"), ("none", "none_lr4e-3"))),
                           kind="lr_grid"))
     # A ladder rung has no paper size of its own: its Δ is compared with the mean of the paper's sizes.
     out.append(Comparison("fig6-ladder", "Fig. 6, unified vs baseline over a ladder of dense proxy sizes",
-                          "PAPER.md §4.5",
+                          "docs/paper.md §4.5",
                           tuple(c for shape in DENSE_LADDER for c in pair("6", "0.12b", mean(FIG6_DELTAS.values()), shape)),
                           kind="ladder", paper_sizes=tuple(FIG6_DELTAS.items()), paper_multiplier=FIG6_MULTIPLIER))
-    out.append(Comparison("fig8-muon", "Fig. 8, Muon, dense (lr 5e-3)", "PAPER.md §4.7", pair("8", "0.12b", FIG8_DELTA)))
-    out.append(Comparison("fig9-wsd", "Fig. 9, WSD schedule, dense (AdamW, lr 3e-3)", "PAPER.md §4.8",
+    out.append(Comparison("fig8-muon", "Fig. 8, Muon, dense (lr 5e-3)", "docs/paper.md §4.7", pair("8", "0.12b", FIG8_DELTA)))
+    out.append(Comparison("fig9-wsd", "Fig. 9, WSD schedule, dense (AdamW, lr 3e-3)", "docs/paper.md §4.8",
                           pair("9", "0.12b", FIG9_DELTA)))
-    out.append(Comparison("fig8-muon_moe", "Fig. 8, Muon, MoE (lr 4e-3)", "PAPER.md §4.7",
+    out.append(Comparison("fig8-muon_moe", "Fig. 8, Muon, MoE (lr 4e-3)", "docs/paper.md §4.7",
                           pair("8", "moe_0.5b", FIG8_MOE_DELTA)))
-    out.append(Comparison("fig9-wsd_moe", "Fig. 9, WSD schedule, MoE (AdamW, lr 2e-3)", "PAPER.md §4.8",
+    out.append(Comparison("fig9-wsd_moe", "Fig. 9, WSD schedule, MoE (AdamW, lr 2e-3)", "docs/paper.md §4.8",
                           pair("9", "moe_0.5b", FIG9_MOE_DELTA)))
     out.append(Comparison("fig7-ladder", "Fig. 7, unified vs baseline over a ladder of Llama-MoE proxy sizes",
-                          "PAPER.md §4.6",
+                          "docs/paper.md §4.6",
                           tuple(c for shape in MOE_LADDER for c in pair("7", "0.5b", mean(FIG7_DELTAS.values()), shape)),
                           kind="ladder", paper_sizes=tuple(FIG7_DELTAS.items()), paper_multiplier=FIG7_MULTIPLIER))
     return out

@@ -1,4 +1,4 @@
-"""Which runs make up each figure of the paper, and what each panel compares (PAPER.md §4).
+"""Which runs make up each figure of the paper, and what each panel compares (docs/paper.md §4).
 
 Every run is one YAML file, `configs/figures/fig<N>/<run>.yaml`, layered over a model size (configs/dense/,
 configs/moe/) and a scale preset (configs/scale/). A panel lists its curves, the first being the reference of its

@@ -1,13 +1,13 @@
-"""Compute scaling laws per strategy, as in Figs. 6 and 7 (PAPER.md §4.5, §4.6): L = a·C^b fitted to final
+"""Compute scaling laws per strategy, as in Figs. 6 and 7 (docs/paper.md §4.5, §4.6): L = a·C^b fitted to final
 validation losses, the equal-loss compute multiplier against a reference strategy, and — for a ladder measured over
 seeds — whether the two exponents differ and where the two laws cross.
 
 C = 6·N·D / 8.64e19 PFLOP/s-days, with D the tokens seen at the final evaluation and N the parameters without the
-input embedding — for MoE all of them, not the activated ones (PAPER.md §3.6: the paper's compute axis).
+input embedding — for MoE all of them, not the activated ones (docs/paper.md §3.6: the paper's compute axis).
 
 The multiplier at loss L is C_ref(L) / C_new(L), with C(L) = (L/a)^(1/b) from each fit: how much more compute the
 reference strategy needs to reach the loss the other reaches. Two laws with equal exponents have one multiplier,
-(a_ref/a_new)^(1/b) (the paper's 1.22×: (2.6165/2.5880)^(1/0.0547), PAPER.md §4.5); with different exponents it
+(a_ref/a_new)^(1/b) (the paper's 1.22×: (2.6165/2.5880)^(1/0.0547), docs/paper.md §4.5); with different exponents it
 changes along the compute axis, and it is 1 where the two laws cross.
 """
 from __future__ import annotations
@@ -135,7 +135,7 @@ def _fits(points: dict[str, list[tuple[float, float]]]) -> Optional[dict[str, Po
 
 @dataclass(frozen=True)
 class LadderLaw:
-    """Two strategies' laws over a ladder, as the data has them (PAPER.md §4.5: the paper's laws are parallel)."""
+    """Two strategies' laws over a ladder, as the data has them (docs/paper.md §4.5: the paper's laws are parallel)."""
     reference: str
     other: str
     compute: tuple[float, ...]  # C of each rung, smallest first

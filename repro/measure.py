@@ -43,7 +43,7 @@ class Row:
     label: str  # in the comparison's table: a curve's label, "same lr (4e-3)", a rung's shape
     ours: Curve
     ref: Curve
-    paper: Optional[float]  # the paper's delta this one is read against (PAPER.md §4)
+    paper: Optional[float]  # the paper's delta this one is read against (docs/paper.md §4)
     delta: Optional[Stat]
     wiki: Optional[Stat]  # the same delta on WikiText-2's test set
     runs: tuple[tuple[Path, Path], ...]  # (ours, reference) run directory of every seed of the plan
@@ -123,7 +123,7 @@ class Results:
 
     def comparison_rows(self, comp: Comparison) -> list[Row]:
         """Before deduplication: every delta the comparison reads, in its table's order."""
-        if comp.kind == "lr_grid":  # without − with scale vectors (PAPER.md §4.1)
+        if comp.kind == "lr_grid":  # without − with scale vectors (docs/paper.md §4.1)
             same = self.same_lr()
             out = [self.row(comp, f"same lr ({same})", lr_curve(comp, "none", same), lr_curve(comp, "baseline", same),
                             FIG1_SAME_LR)]

@@ -1,6 +1,6 @@
 """docs/results.md, written from the runs' config.yaml and metrics.jsonl by `python -m scripts.results`.
 
-Every number in the page is computed here from the runs; the paper's numbers beside them are PAPER.md §4's, v1's
+Every number in the page is computed here from the runs; the paper's numbers beside them are docs/paper.md §4's, v1's
 are repro/v1.py's. A difference is "ours − reference" at the last evaluation (the final weights), paired by seed,
 with a 95 % Student-t interval over seeds and the MDE of its seeds (repro/stats.py); the verdict sets sign and size
 beside the paper's. The page: the proxy (per comparison: tokens per parameter, steps, passes, seeds), the reading
@@ -76,7 +76,7 @@ def proxy_section(res: Results) -> list[str]:
     if not seen:
         return ["No run has finished yet.", ""]
     out += ["", "Tokens per parameter: the tokens of the final evaluation over N, the run's compute parameters "
-            "(without the input embedding; for MoE all experts; PAPER.md §3.6). Passes: the loader's count at the "
+            "(without the input embedding; for MoE all experts; docs/paper.md §3.6). Passes: the loader's count at the "
             "last logged train step (metrics.jsonl's `epoch`). Seeds: finished, for the curve with the fewest.", ""]
     if not flagged:
         out.append(f"Every one of the {len(seen)} finished runs ends at {rules}.")
@@ -89,7 +89,7 @@ def proxy_section(res: Results) -> list[str]:
     paper = load_config(FIGURES["5"].config("baseline"))
     tokens = paper.train.steps * paper.train.global_batch * paper.data.seq_len
     out += ["", f"The paper's Llama-0.12B sees {tokens / proxy.compute_params(paper):.0f} tokens per compute parameter "
-            f"({tokens / 1e9:.1f}B tokens; PAPER.md §3.1, §3.6).", ""]
+            f"({tokens / 1e9:.1f}B tokens; docs/paper.md §3.1, §3.6).", ""]
     return out
 
 

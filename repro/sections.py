@@ -146,7 +146,7 @@ def ladder_section(res: Results, comp: Comparison, img_dir: Path) -> list[str]:
 
 def law_lines(law: LadderLaw, paper: Optional[float]) -> list[str]:
     """The laws, the multiplier at each rung, the exponents' difference, the crossing, and a headline only for
-    parallel laws (PAPER.md §4.5: the paper's are parallel, one multiplier)."""
+    parallel laws (docs/paper.md §4.5: the paper's are parallel, one multiplier)."""
     ref, new = law.fits[law.reference], law.fits[law.other]
     out = [f"Power laws fitted to the seed means: baseline L = {ref.a:.4f}·C^{ref.b:.4f}, unified L = "
            f"{new.a:.4f}·C^{new.b:.4f}. The equal-loss compute multiplier of unified over baseline at each rung: the "

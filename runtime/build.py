@@ -14,13 +14,15 @@ import torch
 from config import RunConfig
 from model.llama import Llama
 from optim import HybridOptimizer, build_optimizer
-from runtime.parallel import apply_activation_checkpointing, compile_checkpointed_state, resolve_dtype, shard_model
+from runtime.parallel import apply_activation_checkpointing, compile_checkpointed_state, shard_model
+from runtime.precision import Precision, resolve_precision
 
 
 @dataclass
 class TrainingModel:
     model: Llama  # FSDP2-sharded (one rank: a one-shard DTensor per parameter), initialized, maybe compiled
     optimizer: HybridOptimizer  # parameter groups by role (weight decay, Muon vs AdamW)
+    precision: Precision  # train.dtype and train.compile as resolved on this device (runtime/precision.py)
 
 
 def build_training_model(cfg: RunConfig, device: torch.device) -> TrainingModel:
@@ -31,12 +33,13 @@ def build_training_model(cfg: RunConfig, device: torch.device) -> TrainingModel:
     # Before sharding: FSDP2 must wrap the final block modules. The names are unchanged, so the roles are too.
     apply_activation_checkpointing(model, cfg.train.activation_checkpointing)
     roles = model.param_roles()
-    compute_dtype = resolve_dtype(cfg.train.dtype, device)
+    precision = resolve_precision(cfg.train.dtype, cfg.train.compile, device)
+    compute_dtype = precision.dtype
     shard_model(model, compute_dtype, device, reshard_after_forward=cfg.train.reshard_after_forward,
                 prefetch=cfg.train.fsdp_prefetch)
     model.to_empty(device=device)
     model.init_weights(cfg.train.seed)
-    if cfg.train.compile:
+    if precision.compile:
         traceable = True
         if cfg.train.activation_checkpointing != "none":
             traceable = compile_checkpointed_state() or cfg.model.moe is None
@@ -48,4 +51,4 @@ def build_training_model(cfg: RunConfig, device: torch.device) -> TrainingModel:
         model.compile_for_training(device, compute_dtype, fullgraph=None if traceable else False)
     # Fused AdamW on every device: its found_inf makes a non-finite step a no-op decided on the device (train.py)
     optimizer = build_optimizer(model, roles, cfg.optim, fused=True)
-    return TrainingModel(model, optimizer)
+    return TrainingModel(model, optimizer, precision)

@@ -17,13 +17,6 @@ from model.config import ModelConfig
 from model.llama import Block, Llama
 
 
-def resolve_dtype(setting: str, device: torch.device) -> torch.dtype:
-    """auto: bf16 mixed precision on CUDA, fp32 on CPU (bf16 on CPU only when asked)."""
-    if setting == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, setting)
-
-
 # ------------------------------------------------------------------------------------- activation checkpointing
 
 def _aten_ops(*names: str) -> frozenset:
@@ -98,7 +91,7 @@ class CheckpointedBlock(Block):
     `layers.3._checkpoint_wrapped_module.attn…`): roles, optimizer groups and checkpoints key off those names, so a
     checkpoint saved with or without it loads either way. `apply_activation_checkpointing` builds these in place of
     the meta-device blocks, before anything is materialized. (A wrapper module would rename them; swapping the block's
-    class or its forward at run time is monkeypatching, DESIGN.md principle 4.)"""
+    class or its forward at run time is monkeypatching, docs/design.md principle 4.)"""
 
     def __init__(self, cfg: ModelConfig, policy: str):
         super().__init__(cfg)

@@ -1,5 +1,5 @@
 """Scale-vector telemetry at each eval: per role and layer, mean / std / min / max of the effective vectors γ, and the
-Frobenius norms of W_q, W_k, W_v (PAPER.md Fig. 4). Every rank must call it (sharded parameters are gathered)."""
+Frobenius norms of W_q, W_k, W_v (docs/paper.md Fig. 4). Every rank must call it (sharded parameters are gathered)."""
 from __future__ import annotations
 
 from collections import defaultdict

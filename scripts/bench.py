@@ -1,4 +1,4 @@
-"""Training-step speed and memory of scale-vector designs, measured side by side (PAPER.md Table 3).
+"""Training-step speed and memory of scale-vector designs, measured side by side (docs/paper.md Table 3).
 
     python -m scripts.bench                                            # tiny CPU shapes, baseline vs unified
     python -m scripts.bench --config configs/dense/1b.yaml --presets baseline unified --compile \\
@@ -54,6 +54,11 @@ import torch
 
 from config import SCALE_PRESETS, ConfigError, RunConfig, load_config
 from runtime.files import out_path_problem
+from runtime.precision import DTYPE_NAMES, Precision, cpu_arithmetic, resolve_precision
+
+# --precisions: train.dtype and train.compile of each column (auto: runtime/precision.py's choice for this machine)
+PRECISIONS = {"auto": ("auto", "auto"), "eager-fp32": ("float32", False), "compiled-fp32": ("float32", True),
+              "eager-bf16": ("bfloat16", False), "compiled-bf16": ("bfloat16", True)}
 
 HF_NAME = "hf-llama"
 REPO = Path(__file__).resolve().parents[1]
@@ -74,6 +79,7 @@ class Runner:
     optimizer: torch.optim.Optimizer
     params: int
     activated: int
+    precision: "Precision"  # the resolved train.dtype and train.compile (runtime/precision.py)
 
 
 def resident_bytes(model, optimizer) -> int:
@@ -119,7 +125,7 @@ def build_ours(cfg: RunConfig, device: torch.device) -> Runner:
     built = build_training_model(cfg, device)
     model, opt = built.model, built.optimizer
     return Runner(lambda b: step_fn(model, opt, b, cfg.optim.grad_clip, cfg.train.loss_chunk_tokens), model, opt,
-                  model.num_params(), model.activated_params())
+                  model.num_params(), model.activated_params(), built.precision)
 
 
 def build_hf_reference(cfg: RunConfig, device: torch.device, seq_len: int) -> Runner:
@@ -129,7 +135,6 @@ def build_hf_reference(cfg: RunConfig, device: torch.device, seq_len: int) -> Ru
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from transformers import LlamaForCausalLM
 
-    from runtime.parallel import resolve_dtype
     from scripts.export_hf import hf_config
     hf_cfg = hf_config(cfg.model, max_positions=max(seq_len, 2048))
     hf_cfg._attn_implementation = "sdpa"  # torch's fused attention, the kernel family ours calls
@@ -137,7 +142,8 @@ def build_hf_reference(cfg: RunConfig, device: torch.device, seq_len: int) -> Ru
     torch.manual_seed(cfg.train.seed)
     with torch.device(device):
         model = LlamaForCausalLM(hf_cfg).to(torch.float32)  # fp32 master parameters, as ours
-    compute = resolve_dtype(cfg.train.dtype, device)
+    precision = resolve_precision(cfg.train.dtype, cfg.train.compile, device)  # as runtime/build.py resolves ours
+    compute = precision.dtype
     kwargs = {"mesh": init_device_mesh(device.type, (dist.get_world_size(),))}
     if compute == torch.float64:
         model.double()
@@ -148,14 +154,14 @@ def build_hf_reference(cfg: RunConfig, device: torch.device, seq_len: int) -> Ru
     for i, layer in enumerate(layers):  # runtime/parallel.py's rule: under auto the last block stays gathered
         fully_shard(layer, reshard_after_forward=i < len(layers) - 1 if reshard == "auto" else bool(reshard), **kwargs)
     fully_shard(model, **kwargs)
-    if cfg.train.compile:
+    if precision.compile:
         for layer in layers:
             layer.compile()
     on_cuda = device.type == "cuda"
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=tuple(cfg.optim.betas), eps=cfg.optim.eps,
                             weight_decay=cfg.optim.weight_decay, **({"fused": True} if on_cuda else {"foreach": True}))
     n = sum(p.numel() for p in model.parameters())
-    return Runner(lambda b: hf_step_fn(model, opt, b, cfg.optim.grad_clip), model, opt, n, n)
+    return Runner(lambda b: hf_step_fn(model, opt, b, cfg.optim.grad_clip), model, opt, n, n, precision)
 
 
 def build(design: Design, device: torch.device, seq_len: int) -> Runner:
@@ -174,9 +180,18 @@ def plan(args) -> tuple[list[Design], list[str]]:
         for preset in args.presets:
             cfg = load_config([*paths, f"configs/scale/{preset}.yaml"], [*model_overrides, *args.overrides])
             vocab = args.vocab_size or cfg.model.vocab_size or 8192
-            train = dataclasses.replace(cfg.train, compile=args.compile or cfg.train.compile, seed=0)
+            train = dataclasses.replace(cfg.train, compile=True if args.compile else cfg.train.compile, seed=0)
             cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab), train=train)
-            designs.append(Design(f"{label}/{preset}" if label else preset, cfg))
+            name = f"{label}/{preset}" if label else preset
+            if not args.precisions:
+                designs.append(Design(name, cfg))
+            for column in args.precisions or ():  # the same design in each precision, side by side
+                dtype, compiled = PRECISIONS[column]
+                if column == "auto":  # named by what it resolves to here: auto=eager-fp32, auto=compiled-bf16, …
+                    p = resolve_precision(dtype, compiled, _device(args.device))
+                    column += f"={'compiled' if p.compile else 'eager'}-{DTYPE_NAMES[p.dtype]}"
+                designs.append(Design(f"{name}/{column}", dataclasses.replace(
+                    cfg, train=dataclasses.replace(cfg.train, dtype=dtype, compile=compiled))))
     notes = []
     first = designs[0]
     have_hf = importlib.util.find_spec("transformers") is not None
@@ -191,6 +206,11 @@ def plan(args) -> tuple[list[Design], list[str]]:
     if args.hf_reference and not any(d.hf for d in designs):
         raise SystemExit(f"error: --hf-reference: {notes[-1]}")
     return designs, notes
+
+
+def _device(setting: str) -> torch.device:
+    """--device as runtime/dist.py resolves it (one process)."""
+    return torch.device("cuda" if setting == "cuda" or (setting == "auto" and torch.cuda.is_available()) else "cpu")
 
 
 def make_batches(n: int, B: int, T: int, V: int, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -257,6 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=10, help="timed steps per design")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per design (compile, allocator)")
     p.add_argument("--compile", action="store_true", help="torch.compile each block (and each HF decoder layer)")
+    p.add_argument("--precisions", nargs="+", choices=list(PRECISIONS), metavar="PRECISION",
+                   help="time every design in each of these (train.dtype and train.compile), side by side: "
+                        f"{', '.join(PRECISIONS)}; auto is what train.py chooses on this machine")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--no-malloc-tuning", action="store_true", help="CPU: keep glibc's default allocator policy")
     p.add_argument("--hf-reference", action=argparse.BooleanOptionalAction, default=None,
@@ -334,11 +357,13 @@ def main(argv: list[str] | None = None) -> int:
         peak = peak_flops(di.device)
         with torch.device("meta"):
             flops = {d.name: Llama(d.cfg.model).flops_per_token(T) for d in designs}  # hf-llama: its source's
-        dev = torch.cuda.get_device_name(di.device) if not cpu else f"cpu ({torch.get_num_threads()} threads)"
+        dev = (torch.cuda.get_device_name(di.device) if not cpu else
+               f"cpu ({torch.get_num_threads()} threads, {cpu_arithmetic().name}"
+               f"{', bf16 arithmetic' if cpu_arithmetic().has_bf16 else ', no bf16 arithmetic'})")
         mem_how = ("max_memory_allocated per design" if not cpu else
                    "-" if args.no_memory else "peak RSS growth, one process per design")
-        compiled = _one_or_mixed(d.cfg.train.compile for d in designs)
-        dtype = _one_or_mixed(d.cfg.train.dtype for d in designs)
+        compiled = _one_or_mixed(r.precision.compile for r in runners.values())
+        dtype = _one_or_mixed(r.precision.dtype_name for r in runners.values())
         header = {"device": dev, "torch": torch.__version__, "batch": [B, T], "vocab": V, "compile": compiled,
                   "dtype": dtype, "steps": args.steps, "warmup": args.warmup, "memory": mem_how}
         rows: list[dict] = []
@@ -382,7 +407,8 @@ def table_rows(designs, runners: dict, times: dict[str, list[float]], peak_mem: 
         rows.append({"design": d.name, "params": runners[d.name].params, "activated": runners[d.name].activated,
                      "ms_per_step": ms, "ms_sd": 1000 * statistics.stdev(ts) if len(ts) > 1 else 0.0,
                      "tok_per_s": tok_s, "mfu": mfu(flops[d.name], tok_s, 1, peak),
-                     "peak_mem_mib": peak_mem.get(d.name)})
+                     "peak_mem_mib": peak_mem.get(d.name), "dtype": runners[d.name].precision.dtype_name,
+                     "compile": runners[d.name].precision.compile})
     for r in rows:
         r["time_ratio"] = r["ms_per_step"] / rows[0]["ms_per_step"]
         m0, m = rows[0]["peak_mem_mib"], r["peak_mem_mib"]

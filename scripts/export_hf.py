@@ -1,6 +1,6 @@
 """Export a checkpoint as a Hugging Face `transformers` LlamaForCausalLM directory (config.json + safetensors).
 
-Every scale-vector design without an inner Norm folds exactly into a plain Llama (PAPER.md §1.8): the vectors are
+Every scale-vector design without an inner Norm folds exactly into a plain Llama (docs/paper.md §1.8): the vectors are
 multiplied into the adjacent weights, so `LlamaForCausalLM.from_pretrained(DIR)` gives the same logits. The FFN weights
 are written at their logical size (intermediate_size = int(8d/3) or model.d_ffn), without the storage padding of
 model.ffn_pad_multiple.

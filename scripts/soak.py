@@ -2,7 +2,8 @@
 with the same command each time (or on the other number of ranks), then compared with an uninterrupted run.
 
     python -m scripts.soak --minutes 25 --out runs/soak      # the report in docs/reliability.md
-    python -m scripts.soak --episodes 1 --kills 2            # a short soak (tests/test_soak.py runs one)
+    python -m scripts.soak --episodes 1 --kills 2            # a short soak
+    python -m scripts.soak --episodes 1 --kills 2 --seq-len 64   # shorter sequences: tests/test_soak.py's
 
 An episode is one training run: an uninterrupted reference (once per seed), then the same command under kills
 until it reaches its last step. A kill is `SIGKILL` to the whole process group (torchrun and both ranks), as a
@@ -86,20 +87,24 @@ class Episode:
     ok: bool = False
 
 
-def command(out: Path, name: str, seed: int, steps: int, ranks: int = 2) -> list[str]:
+SEQ_LEN = 256  # configs/tiny_cpu.yaml's
+
+
+def command(out: Path, name: str, seed: int, steps: int, ranks: int = 2, seq_len: int = SEQ_LEN) -> list[str]:
     """A tiny unified model on the built-in corpus, `ranks` ranks (2, or 1 after a rank-change kill; global batch
-    8 of micro-batches of 2), a checkpoint every 2 steps, fp64 eager (LOSS_TOL says why fp64)."""
+    8 of micro-batches of 2, each `seq_len` tokens), a checkpoint every 2 steps, fp64 eager (LOSS_TOL says why)."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
             str(REPO / "train.py"), "--config", str(REPO / "configs" / "tiny_cpu.yaml"),
-            "model.d_model=64", "model.n_heads=2", "model.n_layers=2", f"train.steps={steps}",
-            "train.global_batch=8", "train.micro_batch=2", "train.eval_every=1000000", "train.eval_tokens=4096",
+            "model.d_model=64", "model.n_heads=2", "model.n_layers=2", f"data.seq_len={seq_len}",
+            f"train.steps={steps}", "train.global_batch=8", "train.micro_batch=2", "train.eval_every=1000000",
+            "train.eval_tokens=4096",
             "train.ckpt_every=2", "train.keep_ckpts=2", "train.compile=false", "train.dtype=float64",
             "schedule.warmup_steps=2", f"train.seed={seed}", "train.device=cpu", "log.every=1",
             "log.wandb.mode=disabled", f"log.out_dir={out}", f"log.run_name={name}"]
 
 
 def env(out: Path) -> dict:
-    tmp = out / "tmp"  # torchrun's torchelastic_* folders stay out of the system temp dir (DESIGN.md trap 3)
+    tmp = out / "tmp"  # torchrun's torchelastic_* folders stay out of the system temp dir (docs/design.md trap 3)
     tmp.mkdir(parents=True, exist_ok=True)
     return {**os.environ, "TMPDIR": str(tmp), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
 
@@ -170,7 +175,7 @@ def alive(pid: int) -> bool:
 
 
 def run_with_kills(out: Path, name: str, seed: int, steps: int, kills: int, rng: random.Random, episode: int,
-                   deadline: float) -> Episode:
+                   deadline: float, seq_len: int = SEQ_LEN) -> Episode:
     ep = Episode(seed)
     ckpts, log = out / name / "checkpoints", out / f"{name}.log"
     ranks = 2
@@ -178,7 +183,7 @@ def run_with_kills(out: Path, name: str, seed: int, steps: int, kills: int, rng:
     while True:
         offset = log.stat().st_size if log.exists() else 0
         stale = tmp_dirs(ckpts)  # left by an earlier kill: not a save of this launch
-        proc = launch(command(out, name, seed, steps, ranks), out, log)
+        proc = launch(command(out, name, seed, steps, ranks, seq_len), out, log)
         ep.launches += 1
         if pending is not None:  # the previous kill: which checkpoint did this launch resume from?
             pending.resumed_from = resumed_step(log, offset, proc)
@@ -329,9 +334,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--episodes", type=int, default=1, help="episodes when --minutes is 0")
     p.add_argument("--kills", type=int, default=8, help="kills per episode")
     p.add_argument("--steps", type=int, default=40, help="steps per run")
+    p.add_argument("--seq-len", type=int, default=SEQ_LEN, help="tokens per sequence (global batch 8 sequences); "
+                   "fewer make each step cheaper, e.g. 64 in tests/test_soak.py")
     p.add_argument("--seed", type=int, default=0, help="the soak's own random moments")
     p.add_argument("--out", type=Path, default=Path("runs/soak"))
     args = p.parse_args(argv)
+    if args.seq_len < 1:
+        p.error(f"--seq-len {args.seq_len}: must be ≥ 1")
     out = args.out.resolve()
     if out.exists() and any(out.iterdir()):
         print(f"soak: {out} is not empty; give a new --out (a soak starts every run from scratch)", file=sys.stderr)
@@ -345,13 +354,13 @@ def main(argv: list[str] | None = None) -> int:
         i = len(episodes)
         seed = i  # a new seed per episode: new init, new data order
         ref = out / f"reference-s{seed}"
-        proc = launch(command(out, ref.name, seed, args.steps), out, out / f"{ref.name}.log")
+        proc = launch(command(out, ref.name, seed, args.steps, seq_len=args.seq_len), out, out / f"{ref.name}.log")
         if proc.wait() != 0:
             print(f"soak: the reference run failed; see {out / ref.name}.log", file=sys.stderr)
             return 1
         name = f"killed-s{seed}"
         ep = run_with_kills(out, name, seed, args.steps, args.kills, rng, i,
-                            deadline if args.minutes else float("inf"))
+                            deadline if args.minutes else float("inf"), args.seq_len)
         compare(ref, out / name, ep)
         episodes.append(ep)
         print(f"episode {i}: {len(ep.kills)} kills ({sum(k.during_write for k in ep.kills)} during a checkpoint "

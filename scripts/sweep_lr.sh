@@ -2,7 +2,7 @@
 # Sweep the peak learning rate of one config: one run per lr, then a table of final validation losses.
 #
 #   scripts/sweep_lr.sh CONFIG [LR ...] [-- key=value ...]
-#   scripts/sweep_lr.sh configs/figures/fig5/hg_dp.yaml                       # the paper's grid (PAPER.md §2.1)
+#   scripts/sweep_lr.sh configs/figures/fig5/hg_dp.yaml                       # the paper's grid (docs/paper.md §2.1)
 #   NPROC=8 scripts/sweep_lr.sh configs/dense/0.12b.yaml 2e-3 4e-3 -- train.steps=2000
 #
 # Each lr runs under `torchrun --standalone --nproc_per_node=$NPROC` (default: every GPU nvidia-smi lists, else one

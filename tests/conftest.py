@@ -1,4 +1,4 @@
-"""Hermetic caches and offline settings for the whole suite (DESIGN.md, Environment facts, trap 3 and 5).
+"""Hermetic caches and offline settings for the whole suite (docs/design.md, Environment facts, trap 3 and 5).
 
 Set in pytest_configure, before any test module imports tiktoken or datasets (which read these at import time):
 - TIKTOKEN_CACHE_DIR, HF_HOME, HF_DATASETS_CACHE → a fresh temp folder, removed at the end of the session;
@@ -51,7 +51,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if (SHARED / "tokenizers" / "gpt2.tiktoken").is_file():
         os.environ.setdefault("SCALEVEC_TOKENIZER_DIR", str(SHARED / "tokenizers"))
     if os.environ.get("SCALEVEC_TEST_GPU") != "1":
-        # The suite is CPU-only by design (DESIGN.md principle 8): on a GPU machine, hide the GPUs so that FSDP2,
+        # The suite is CPU-only by design (docs/design.md principle 8): on a GPU machine, hide the GPUs so that FSDP2,
         # "auto" devices and tolerances behave exactly as in CI. SCALEVEC_TEST_GPU=1 runs the `gpu` tests instead.
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
@@ -62,7 +62,17 @@ def pytest_configure(config: pytest.Config) -> None:
 # machines' torch.
 NUMERICS_MODULES = {"test_compile", "test_loss", "test_host_reads", "test_train", "test_moe_train", "test_optim_dist",
                     "test_parallel", "test_checkpoint", "test_checkpoint_fsdp", "test_muon", "test_model", "test_moe",
-                    "test_grad_reduce", "test_elastic", "test_data_loader"}
+                    "test_grad_reduce", "test_elastic", "test_data_loader", "test_golden"}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Move everything alive after collection (pytest's, torch's and the test modules' objects) out of the garbage
+    collector's view: train.py's teardown runs a full gc.collect() before destroying the process group (trap 1 of
+    runtime/dist.py's shutdown), which in this long-lived process otherwise walks all of it — about 0.3 s per
+    in-process run, hundreds of times. Objects the tests create later are collected as usual."""
+    import gc
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,4 +1,4 @@
-"""Multi-rank tests on CPU: free ports and a spawn that cannot hang CI (DESIGN.md traps 1–2)."""
+"""Multi-rank tests on CPU: free ports and a spawn that cannot hang CI (docs/design.md traps 1–2)."""
 from __future__ import annotations
 
 import faulthandler
@@ -20,7 +20,7 @@ def _rank_entry(rank: int, fn, *args) -> None:
     """A rank's body, then a plain exit. faulthandler prints every thread's Python stack if the rank dies on a signal
     (a SIGABRT from C++ names where it came from). After fn returns, the rank's work is on disk (train.main closes
     its files in `finally`), and os._exit skips interpreter finalization, where PyTorch's process-group and FSDP2
-    objects can still abort ("terminate called without an active exception", DESIGN.md trap 1; CI saw a rank of the
+    objects can still abort ("terminate called without an active exception", docs/design.md trap 1; CI saw a rank of the
     six-run tests/test_grad_reduce.py end on SIGABRT) — a teardown these tests do not test. An exception in fn
     still propagates, so mp.spawn reports it as before."""
     faulthandler.enable(all_threads=True)

@@ -13,7 +13,8 @@ from scripts import bench, gpu_check
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--vocab-size", "512", "--micro-batch", "2", "--seq-len", "32", "--steps", "2", "--warmup", "1",
-        "--device", "cpu", "model.d_model=64", "model.n_layers=2", "model.n_heads=2", "train.compile=false"]
+        "--device", "cpu", "model.d_model=64", "model.n_layers=2", "model.n_heads=2", "train.compile=false",
+        "train.dtype=float32"]
 
 
 def _rows(out: str) -> tuple[list[str], dict[str, list[str]]]:
@@ -63,6 +64,33 @@ def test_a_cut_bench_keeps_the_rounds_it_timed(tmp_path, monkeypatch):
     data = json.loads(table.read_text())
     assert data["steps"] == 1 and [r["design"] for r in data["rows"]] == ["baseline", "unified"]
     assert all(r["ms_per_step"] > 0 for r in data["rows"])
+
+
+def test_precisions_are_columns_of_the_same_design_and_auto_says_what_it_chose(monkeypatch, capsys, tmp_path):
+    """--precisions: each design once per precision, side by side in one table; auto is named by what train.py would
+    choose on this machine (runtime/precision.py), which is what its row then runs."""
+    import runtime.precision as precision
+    parse = bench.build_parser().parse_args
+    argv = ["--presets", "unified", "--no-hf-reference", "--device", "cpu", "--precisions", "auto", "eager-fp32",
+            "compiled-fp32", "compiled-bf16"]
+    for cpu, auto in ((precision.CpuArithmetic("AVX2", False, False), "auto=eager-fp32"),
+                      (precision.CpuArithmetic("AVX512", True, True), "auto=compiled-bf16")):
+        monkeypatch.setattr(precision, "cpu_arithmetic", lambda cpu=cpu: cpu)
+        designs, _ = bench.plan(parse(argv))
+        assert [d.name for d in designs] == [f"unified/{auto}", "unified/eager-fp32", "unified/compiled-fp32",
+                                             "unified/compiled-bf16"]
+        assert [(d.cfg.train.dtype, d.cfg.train.compile) for d in designs] == [
+            ("auto", "auto"), ("float32", False), ("float32", True), ("bfloat16", True)]
+    # timed, as on a CPU without bf16 arithmetic (no compile to wait for): the auto row runs what its name says, and
+    # each row records the dtype and compile it ran
+    monkeypatch.setattr(precision, "cpu_arithmetic", lambda: precision.CpuArithmetic("AVX2", False, False))
+    table = tmp_path / "p.json"
+    assert bench.main([*TINY, "--presets", "baseline", "--no-hf-reference", "--no-memory", "--precisions", "auto",
+                       "eager-bf16", "--json", str(table)]) == 0
+    rows = json.loads(table.read_text())["rows"]
+    assert [(r["design"], r["dtype"], r["compile"]) for r in rows] == [
+        ("baseline/auto=eager-fp32", "float32", False), ("baseline/eager-bf16", "bfloat16", False)]
+    assert "cpu (" in capsys.readouterr().out
 
 
 def test_hf_reference_rules(capsys):

@@ -1,6 +1,6 @@
 """A user's mistake at any command (not train.py: tests/test_config_fuzz.py) gets a one-line `error: ...` naming what
 is wrong and what to do, with exit status 2, before any work: never a traceback, never a silent wrong result
-(DESIGN.md principle 10)."""
+(docs/design.md principle 10)."""
 from __future__ import annotations
 
 import json

@@ -32,16 +32,44 @@ FP64_TOL = 1e-10
 
 STOPS = (3, 6)  # the elastic run stops after these steps; the reference runs straight through 9
 
+DENSE = ("optim.name=muon", "optim.muon.distributed=true", "optim.muon.ns_dtype=float64", "train.dtype=float64",
+         "train.steps=9", "train.eval_every=100")
+MOE_BIAS = (*MOE, "model.moe.balance=bias", "model.moe.bias_rate=0.01", "model.moe.z_coef=1e-3", "optim.name=adamw",
+            "train.steps=9", "train.eval_every=100")
 
-def elastic(data, tmp_path, name: str, extra: tuple[str, ...], middle_micro: int, last_micro: int) -> list[str]:
-    """2 ranks (micro 4) → 1 process (micro `middle_micro`) → 2 ranks (micro `last_micro`); the last argv."""
-    first = args_for(data, tmp_path, name, "train.ckpt_every=3", *extra)
-    run_ranks(2, ["--stop-at-step", str(STOPS[0]), *first])
-    train.main(["--stop-at-step", str(STOPS[1]), *args_for(data, tmp_path, name, "train.ckpt_every=3", *extra,
-                                                              f"train.micro_batch={middle_micro}")])
-    last = args_for(data, tmp_path, name, "train.ckpt_every=3", *extra, f"train.micro_batch={last_micro}")
-    run_ranks(2, last)
-    return last
+
+@pytest.fixture(scope="module")
+def elastic_runs(data_dir, tmp_path_factory):  # noqa: F811
+    """Both elastic runs (dense Muon, MoE AdamW) and their references, in two 2-rank launches instead of six: each
+    launch's ranks run the commands one after another (run_ranks; every train.main seeds all RNGs and builds its own
+    process group, so a run is the same as in a launch of its own). The first launch: each reference straight through
+    9 steps, then each elastic run's first part on 2 ranks (micro 4), stopped after STOPS[0]; then in this process
+    each middle part (micro 8, accumulation 1) stopped after STOPS[1]; the second launch: each last part on 2 ranks
+    (micro 2, accumulation 2). Per case: (its dir, the reference's argv, the last argv, what the middle part printed,
+    the warnings it raised)."""
+    import contextlib
+    import io
+    import warnings
+    cases = {"dense": DENSE, "moe": MOE_BIAS}
+    dirs = {name: tmp_path_factory.mktemp(name) for name in cases}
+
+    def argv(name, run, *more):
+        return args_for(data_dir, dirs[name], run, "train.ckpt_every=3", *cases[name], *more)
+
+    refs = {name: argv(name, "ref") for name in cases}
+    firsts = {name: ["--stop-at-step", str(STOPS[0]), *argv(name, "elastic")] for name in cases}
+    run_ranks(2, *[a for name in cases for a in (refs[name], firsts[name])])
+    printed, warned = {}, {}
+    for name in cases:
+        out = io.StringIO()
+        with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(out):
+            warnings.simplefilter("always")  # as pytest's recwarn: every warning, also one seen before
+            train.main(["--stop-at-step", str(STOPS[1]), *argv(name, "elastic", "train.micro_batch=8")])
+        printed[name], warned[name] = out.getvalue(), list(caught)
+    lasts = {name: argv(name, "elastic", "train.micro_batch=2") for name in cases}
+    run_ranks(2, *lasts.values())
+    return {name: SimpleNamespace(dir=dirs[name], ref=refs[name], last=lasts[name], printed=printed[name],
+                                  warned=warned[name]) for name in cases}
 
 
 def assert_same_tokens_and_close_losses(ref_dir, run_dir, loss_tol: float) -> None:
@@ -57,38 +85,29 @@ def assert_same_tokens_and_close_losses(ref_dir, run_dir, loss_tol: float) -> No
     assert max(diffs) < loss_tol, diffs
 
 
-def test_dense_muon_resumes_on_one_rank_then_two(data_dir, tmp_path, capsys, recwarn):  # noqa: F811
+def test_dense_muon_resumes_on_one_rank_then_two(elastic_runs):
     """In fp64, where the rank count's reduction order leaves ~1e-14 (FP64_TOL): losses, every weight and the
     Muon momentum of the last checkpoint."""
-    extra = ("optim.name=muon", "optim.muon.distributed=true", "optim.muon.ns_dtype=float64", "train.dtype=float64",
-             "train.steps=9", "train.eval_every=100")
-    ref = args_for(data_dir, tmp_path, "ref", "train.ckpt_every=3", *extra)
-    run_ranks(2, ref)
-    elastic(data_dir, tmp_path, "elastic", extra, middle_micro=8, last_micro=2)  # accumulation 1, 1, 2
-    out = capsys.readouterr().out
+    run = elastic_runs["dense"]
     assert (f"at step {STOPS[0]} (written by 2 rank(s) × micro_batch 4, now 1 × 8: the model and optimizer were "
-            "resharded, and every step reads the same tokens as before)") in out
-    assert not [w for w in recwarn if "RNG" in str(w.message)]  # every rank's RNG states were equal: carried over
-    assert_same_tokens_and_close_losses(tmp_path / "ref", tmp_path / "elastic", FP64_TOL)
-    a, b = (checkpoint_tensors(latest_checkpoint(tmp_path / run / "checkpoints")) for run in ("ref", "elastic"))
+            "resharded, and every step reads the same tokens as before)") in run.printed
+    assert not [w for w in run.warned if "RNG" in str(w.message)]  # every rank's RNG states were equal: carried over
+    assert_same_tokens_and_close_losses(run.dir / "ref", run.dir / "elastic", FP64_TOL)
+    a, b = (checkpoint_tensors(latest_checkpoint(run.dir / name / "checkpoints")) for name in ("ref", "elastic"))
     assert a.keys() == b.keys() and any(".momentum_buffer" in k for k in a)
     worst = max((a[k].double() - b[k].double()).abs().max().item() for k in a)
     print(f"every checkpoint tensor within {worst:.2g}")
     assert worst < FP64_TOL
 
 
-def test_moe_adamw_resumes_on_one_rank_then_two(data_dir, tmp_path):  # noqa: F811
+def test_moe_adamw_resumes_on_one_rank_then_two(elastic_runs):
     """The aux-loss-free balancing bias, its load counters and the z-loss carry over: the bias moves by ±rate per
     expert and step from the step's loads, summed over ranks and micro-batches, so it is the same on any layout."""
-    extra = (*MOE, "model.moe.balance=bias", "model.moe.bias_rate=0.01", "model.moe.z_coef=1e-3",
-             "optim.name=adamw", "train.steps=9", "train.eval_every=100")
-    ref = args_for(data_dir, tmp_path, "ref", "train.ckpt_every=3", *extra)
-    run_ranks(2, ref)
-    last = elastic(data_dir, tmp_path, "elastic", extra, middle_micro=8, last_micro=2)  # accumulation 1, 1, 2
-    assert_same_tokens_and_close_losses(tmp_path / "ref", tmp_path / "elastic", FP32_LOSS_TOL)
-    r, e = records(tmp_path / "ref", "train"), records(tmp_path / "elastic", "train")
+    run = elastic_runs["moe"]
+    assert_same_tokens_and_close_losses(run.dir / "ref", run.dir / "elastic", FP32_LOSS_TOL)
+    r, e = records(run.dir / "ref", "train"), records(run.dir / "elastic", "train")
     assert [a["moe/L1/max_share"] for a in r] == [b["moe/L1/max_share"] for b in e]  # the same loads every step
-    sr, se = moe_state(tmp_path / "ref", ref), moe_state(tmp_path / "elastic", last)
+    sr, se = moe_state(run.dir / "ref", run.ref), moe_state(run.dir / "elastic", run.last)
     for bias in ("layers.0.mlp.expert_bias", "layers.1.mlp.expert_bias"):  # ±rate steps from equal loads: exact
         assert sr[bias].abs().sum() > 0 and torch.equal(sr[bias], se[bias])
     assert all(not sr[n].any() and not se[n].any() for n in sr if "tokens_per_expert" in n)  # reset at each step end

@@ -240,7 +240,7 @@ def test_inspect_model_reports_logical_counts(capsys):
     from scripts import inspect_model
     assert inspect_model.main(["--config", "configs/dense/0.25b.yaml", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert info["total_params"] == 254_018_560 and info["ffn_pad_multiple"] == 64  # PAPER.md §2.3, d_FFN 2730
+    assert info["total_params"] == 254_018_560 and info["ffn_pad_multiple"] == 64  # docs/paper.md §2.3, d_FFN 2730
     assert info["padding_zeros"] == 12 * 3 * (2752 - 2730) * 1024
 
 

@@ -56,7 +56,7 @@ def test_parameter_counts_match_the_paper():
             model = Llama(resolve_vocab(cfg))
         assert (model.num_params(), model.activated_params()) == (total, activated)
     assert params(cfg_of("1", "baseline")) == params(cfg_of("10", "baseline")) == 119_744_256
-    assert params(cfg_of("10", "llama_large")) == 119_854_848  # 0.11985B, PAPER.md §2.4
+    assert params(cfg_of("10", "llama_large")) == 119_854_848  # 0.11985B, docs/paper.md §2.4
     assert params(cfg_of("10", "unified")) == 119_846_846
 
 

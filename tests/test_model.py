@@ -31,7 +31,7 @@ def meta_model(cfg: ModelConfig) -> Llama:
 
 # ----------------------------------------------------------------------------------------------- counts
 
-PAPER_DENSE = {  # PAPER.md §2.3 (baseline, V = 50,304) and §2.4 (unified under the best-fit reading)
+PAPER_DENSE = {  # docs/paper.md §2.3 (baseline, V = 50,304) and §2.4 (unified under the best-fit reading)
     "0.12b": (119_744_256, 119_846_846),
     "0.25b": (254_018_560, 254_208_234),
     "0.5b": (482_696_960, 483_008_554),
@@ -55,7 +55,7 @@ def test_paper_parameter_counts(size):
 
 def test_llama_1b_scale_vector_count():
     by_role = meta_model(load_config("configs/dense/1b.yaml").model).params_by_role()
-    assert by_role["scale_input"] + by_role["scale_output"] == 80_640  # PAPER.md §1.2
+    assert by_role["scale_input"] + by_role["scale_output"] == 80_640  # docs/paper.md §1.2
 
 
 def test_vocab_padding_and_ffn_defaults():
@@ -236,7 +236,7 @@ def test_flops_per_token():
     cfg = load_config("configs/dense/0.12b.yaml").model
     model = meta_model(cfg)
     n = model.num_params(exclude_embedding=True)
-    assert n == 81_110_784  # PAPER.md §3.6: N = 81.11M for Dense-0.12B
+    assert n == 81_110_784  # docs/paper.md §3.6: N = 81.11M for Dense-0.12B
     assert model.flops_per_token(1024) == 6 * n + 12 * 6 * 768 * 1024
 
 

@@ -35,7 +35,7 @@ TOKENS = torch.randint(0, V, (2, 13), generator=torch.Generator().manual_seed(0)
 
 # ----------------------------------------------------------------------------------------------------- counts
 
-PAPER_MOE = {  # PAPER.md §2.3: (total, activated) with V = 50,304, a bias-free d×32 router, no shared-expert gate
+PAPER_MOE = {  # docs/paper.md §2.3: (total, activated) with V = 50,304, a bias-free d×32 router, no shared-expert gate
     "0.25b": (251_044_480, 113_633_920),
     "0.5b": (480_942_336, 183_671_040),
     "0.8b": (797_327_040, 281_231_040),

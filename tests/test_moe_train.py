@@ -25,17 +25,33 @@ def moe_state(run_dir: Path, argv: list[str]) -> dict[str, torch.Tensor]:
     return {n: t.detach().clone() for n, t in model.state_dict().items()}
 
 
-@pytest.mark.parametrize("optimizer,balance", [("adamw", "bias"), ("muon", "aux")])
-def test_two_fsdp_ranks_match_one_process(data_dir, tmp_path, optimizer, balance):  # noqa: F811
+CASES = [("adamw", "bias"), ("muon", "aux")]
+
+
+def fsdp_extra(optimizer: str, balance: str) -> tuple[str, ...]:
+    return (*MOE, f"model.moe.balance={balance}", "model.moe.bias_rate=0.01", f"optim.name={optimizer}",
+            "optim.muon.ns_dtype=float32", "train.steps=10", "train.eval_every=5", "train.dtype=float64")
+
+
+@pytest.fixture(scope="module")
+def two_ranks(data_dir, tmp_path_factory) -> dict[tuple[str, str], tuple[Path, list[str]]]:  # noqa: F811
+    """The 2-rank twin of each case, both in one launch (run_ranks: its ranks run the commands one after another;
+    every train.main seeds all its RNGs and builds its own process group, so a run is what a launch of its own
+    gives). (optimizer, balance) → (its log.out_dir, its argv)."""
+    dirs = {case: tmp_path_factory.mktemp("-".join(case)) for case in CASES}
+    runs = {case: args_for(data_dir, dirs[case], "two", *fsdp_extra(*case)) for case in CASES}  # 2 × micro 4
+    run_ranks(2, *runs.values())
+    return {case: (dirs[case], runs[case]) for case in CASES}
+
+
+@pytest.mark.parametrize("optimizer,balance", CASES)
+def test_two_fsdp_ranks_match_one_process(data_dir, tmp_path, optimizer, balance, two_ranks):  # noqa: F811
     """float64, as tests/test_train.py's dense twin (its docstring and drift_tol), the router included (its logits
     are computed in at least float32, so in float64 here: model/moe.py)."""
-    extra = (*MOE, f"model.moe.balance={balance}", "model.moe.bias_rate=0.01", f"optim.name={optimizer}",
-             "optim.muon.ns_dtype=float32", "train.steps=10", "train.eval_every=5", "train.dtype=float64")
-    one = args_for(data_dir, tmp_path, "one", "train.micro_batch=8", *extra)
-    two = args_for(data_dir, tmp_path, "two", *extra)  # 2 ranks × micro 4 = the same 8 sequences
+    one = args_for(data_dir, tmp_path, "one", "train.micro_batch=8", *fsdp_extra(optimizer, balance))
+    out, two = two_ranks[(optimizer, balance)]  # 2 ranks × micro 4 = the same 8 sequences
     train.main(one)
-    run_ranks(2, two)
-    r1, r2 = records(tmp_path / "one", "train"), records(tmp_path / "two", "train")
+    r1, r2 = records(tmp_path / "one", "train"), records(out / "two", "train")
     assert len(r1) == len(r2) == 10
     tol = drift_tol(10)
     # float64 losses from weights ≤ tol apart (the val_loss argument of the dense twin)
@@ -44,9 +60,9 @@ def test_two_fsdp_ranks_match_one_process(data_dir, tmp_path, optimizer, balance
     assert all(a["moe/L1/max_share"] == b["moe/L1/max_share"] for a, b in zip(r1, r2))
     # aux = E·Σ fᵢPᵢ with equal loads fᵢ (above) and float64 probabilities Pᵢ from weights ≤ tol apart
     assert all(abs(a["aux_loss"] - b["aux_loss"]) <= tol * a["aux_loss"] for a, b in zip(r1, r2))
-    e1, e2 = records(tmp_path / "one", "eval"), records(tmp_path / "two", "eval")
+    e1, e2 = records(tmp_path / "one", "eval"), records(out / "two", "eval")
     assert all(abs(a["val_loss"] - b["val_loss"]) <= tol * a["val_loss"] for a, b in zip(e1, e2))
-    s1, s2 = moe_state(tmp_path / "one", one), moe_state(tmp_path / "two", two)
+    s1, s2 = moe_state(tmp_path / "one", one), moe_state(out / "two", two)
     bias = "layers.0.mlp.expert_bias"
     if balance == "bias":
         assert s1[bias].abs().sum() > 0
@@ -75,7 +91,7 @@ def test_tiny_moe_config_learns_and_logs_its_balance(data_dir, tmp_path):  # noq
             "data.tokenizer=bpe:320", "data.seq_len=32", "data.val_frac=0.2", "train.steps=12",
             "train.global_batch=8", "train.micro_batch=8", "train.eval_every=6", "train.eval_tokens=1024",
             "schedule.warmup_steps=2", "log.every=3", "log.wandb.mode=disabled", f"log.out_dir={tmp_path}",
-            "log.run_name=tiny", "train.device=cpu"]
+            "log.run_name=tiny", "train.device=cpu", "train.dtype=float32"]
     train.main(argv)
     train_recs, evals = records(tmp_path / "tiny", "train"), records(tmp_path / "tiny", "eval")
     assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 0.5

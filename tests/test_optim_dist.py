@@ -2,15 +2,19 @@
 path (parity and the split of the Newton–Schulz work), AdamW/Muon training parity with gradient clipping, and a DCP
 save → load → resume of the hybrid optimizer.
 
-Each test spawns 2 workers with torch.multiprocessing.spawn (DESIGN.md traps: one thread per worker, and
-gc.collect() + barrier before destroy_process_group). Every worker also computes the one-process reference
-itself, on plain (unsharded) tensors, so the comparison happens inside the worker.
+Each test's worker runs on 2 ranks of torch.multiprocessing.spawn, all four in one launch (the `two_ranks` fixture;
+docs/design.md traps: one thread per worker, and gc.collect() + barrier before destroy_process_group). Every worker also
+computes the one-process reference itself, on plain (unsharded) tensors, so the comparison happens inside the
+worker; each test then reads how its worker ended.
 """
 from __future__ import annotations
 
 import datetime
 import gc
+import traceback
+from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -45,6 +49,45 @@ def _entry(rank: int, port: int, fn, args: tuple) -> None:
 
 def _spawn(fn, *args) -> None:
     spawn(_entry, (free_port(), fn, args), nprocs=WORLD)
+
+
+def _in_turn(rank: int, out: str, jobs: list[tuple]) -> None:
+    """Each test's worker in turn on one process group; `<out>/<name>.rank<r>` says how each ended on each rank (a
+    file `ok`, or the traceback). The first failure ends the launch (the other rank may wait in a collective)."""
+    for name, fn, args in jobs:
+        try:
+            fn(rank, *args)
+        except BaseException:
+            Path(out, f"{name}.rank{rank}").write_text(traceback.format_exc())
+            raise
+        Path(out, f"{name}.rank{rank}").write_text("ok")
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> Path:
+    """The four tests' 2-rank workers in one launch instead of four (a launch costs two interpreters' imports of
+    torch, seconds on 2 cores): they run one after another on the same 2-rank gloo group, each on its own tensors and
+    optimizers, and each test reads how its own worker ended (_outcome). The folder of the outcomes."""
+    out = tmp_path_factory.mktemp("two_ranks")
+    jobs = [("muon_split", _muon_split_worker, ()), ("distributed_muon", _distributed_muon_worker, ()),
+            ("parity", _parity_both_worker, ()), ("dcp", _dcp_worker, (str(out / "ckpt"),))]
+    try:
+        _spawn(_in_turn, str(out), jobs)
+    except Exception as e:  # noqa: BLE001 - each test reports its own worker's outcome below
+        (out / "launch.txt").write_text(f"{type(e).__name__}: {e}")
+    return out
+
+
+def _outcome(out: Path, name: str) -> None:
+    """Fail with the worker's traceback if it failed on a rank, or with the launch's error if it never finished."""
+    ends = {r: (out / f"{name}.rank{r}").read_text() if (out / f"{name}.rank{r}").exists() else None
+            for r in range(WORLD)}
+    failed = [f"rank {r}:\n{text}" for r, text in ends.items() if text not in (None, "ok")]
+    if failed:
+        pytest.fail("\n".join(failed))
+    if any(text is None for text in ends.values()):
+        launch = (out / "launch.txt").read_text() if (out / "launch.txt").exists() else "?"
+        pytest.fail(f"{name} did not run to its end on every rank: an earlier worker ended the launch ({launch})")
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -85,8 +128,8 @@ def _muon_split_worker(rank: int) -> None:
     assert (local - whole).abs().max() > 0.05
 
 
-def test_muon_on_row_split_matrices_matches_one_device():
-    _spawn(_muon_split_worker)
+def test_muon_on_row_split_matrices_matches_one_device(two_ranks):
+    _outcome(two_ranks, "muon_split")
 
 
 # ------------------------------------------------------------------- distributed Muon vs the every-rank path
@@ -159,9 +202,9 @@ def _distributed_muon_worker(rank: int) -> None:
         assert all(torch.equal(p.detach().full_tensor(), q.detach().full_tensor()) for p, q in zip(fast, ref))
 
 
-def test_distributed_muon_matches_every_rank_path_and_splits_the_work():
-    # One spawn for parity (float32 bit-identical, bf16 within a bound) and the work split: a spawn costs seconds.
-    _spawn(_distributed_muon_worker)
+def test_distributed_muon_matches_every_rank_path_and_splits_the_work(two_ranks):
+    # One worker for parity (float32 bit-identical, bf16 within a bound) and the work split.
+    _outcome(two_ranks, "distributed_muon")
 
 
 # ------------------------------------------------------------------------------- training parity (toy model)
@@ -281,8 +324,8 @@ def _parity_both_worker(rank: int) -> None:
         _parity_worker(rank, name)
 
 
-def test_fsdp2_two_ranks_match_one_process_adamw_and_muon():
-    _spawn(_parity_both_worker)
+def test_fsdp2_two_ranks_match_one_process_adamw_and_muon(two_ranks):
+    _outcome(two_ranks, "parity")
 
 
 # ------------------------------------------------------------------------------------- DCP save → resume
@@ -320,5 +363,5 @@ def _dcp_worker(rank: int, path: str) -> None:
         assert torch.equal(p.full_tensor(), q.full_tensor()), n
 
 
-def test_dcp_round_trip_resumes_identically(tmp_path):
-    _spawn(_dcp_worker, str(tmp_path / "ckpt"))
+def test_dcp_round_trip_resumes_identically(two_ranks):
+    _outcome(two_ranks, "dcp")

@@ -1,4 +1,4 @@
-"""Weight-decay decisions (IWD, PAPER.md §1.7) and param groups (PAPER.md §3.2), proven with real optimizer steps:
+"""Weight-decay decisions (IWD, docs/paper.md §1.7) and param groups (docs/paper.md §3.2), proven with real optimizer steps:
 with zero gradients an AdamW or Muon step changes a parameter only through decoupled decay, p ← p·(1 − lr·wd),
 so a decayed parameter shrinks by exactly that factor and an undecayed one stays put.
 """
@@ -84,14 +84,14 @@ def _decayed_after_zero_grad_step(model: nn.Module, cfg: OptimConfig, roles=Toy.
 def test_exactly_the_expected_parameters_decay(mode, alpha, optimizer):
     cfg = OptimConfig(name=optimizer, weight_decay=WD, scale_weight_decay=mode, scale_wd_alpha=alpha)
     expected = ALWAYS | EXPECTED[mode]
-    if alpha:  # α decays together with its β (PAPER.md §1.7 leaves it open; optim.scale_wd_alpha decides)
+    if alpha:  # α decays together with its β (docs/paper.md §1.7 leaves it open; optim.scale_wd_alpha decides)
         expected |= {n.replace("beta", "alpha") for n in EXPECTED[mode] if n.endswith("beta")}
     assert _decayed_after_zero_grad_step(Toy(), cfg) == expected
     assert {n for n, r in Toy.ROLES.items() if decays(n, r, mode, alpha)} == expected
 
 
 class UnifiedBranch(nn.Module):
-    """A unified-strategy (HG + DNP + OR) attention input and LM head, PAPER.md §1.9: per-branch input-side OR
+    """A unified-strategy (HG + DNP + OR) attention input and LM head, docs/paper.md §1.9: per-branch input-side OR
     vectors (Input-Norm) and output-side OR vectors (Output-Norm) around q/k/v and the LM head."""
 
     def __init__(self, d: int = 4, vocab: int = 6):

@@ -190,7 +190,7 @@ def _worker(rank: int, port: int, out: str) -> None:
         results = {name: _run(rank, spec, train) for name, spec, train in RUNS}
         torch.save(results, Path(out) / f"rank{rank}.pt")
     finally:
-        gc.collect()  # DESIGN.md trap 1: without these two, an FSDP2 rank sometimes aborts at interpreter exit
+        gc.collect()  # docs/design.md trap 1: without these two, an FSDP2 rank sometimes aborts at interpreter exit
         dist.barrier()
         dist.destroy_process_group()
 

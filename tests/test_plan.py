@@ -53,7 +53,7 @@ def test_the_0_12b_baselines_of_figs_1_5_6_10_are_one_run(the_plan):
 def test_flops_are_the_models_own_count(the_plan):
     """6·N (forward + backward; N activated, without the input embedding) + 12·layers·heads·head_dim·seq_len."""
     e = next(e for e in the_plan.experiments if e.name == "fig1-baseline")
-    n = 81_110_784  # Llama-0.12B without its input embedding (PAPER.md §3.6's compute axis)
+    n = 81_110_784  # Llama-0.12B without its input embedding (docs/paper.md §3.6's compute axis)
     assert e.activated_params == n and e.total_params == 119_744_256
     assert e.flops_per_token == 6 * n + 12 * 6 * 12 * 64 * 1024
     assert e.tokens == 20_000 * 512 * 1024 and e.flops == e.flops_per_token * e.tokens

@@ -69,7 +69,7 @@ def test_tiny_figure_end_to_end(data_dir, tmp_path, capsys, monkeypatch):  # noq
     overrides = [f"data.dir={data_dir.dir}", f"data.source={data_dir.source}", "data.tokenizer=bpe:320",
                  "data.seq_len=32", "data.val_frac=0.2", "model.d_model=32", "model.n_heads=2", "model.n_layers=1",
                  "train.steps=2", "train.global_batch=4", "train.micro_batch=4", "train.eval_every=1",
-                 "train.eval_tokens=256", "schedule.warmup_steps=1", "log.wandb.mode=disabled", "train.device=cpu"]
+                 "train.eval_tokens=256", "schedule.warmup_steps=1", "log.wandb.mode=disabled", "train.device=cpu", "train.dtype=float32"]
     argv = ["10", "--scale", "tiny", "--seeds", "2", "--out-dir", str(tmp_path), "--", *overrides]
     assert reproduce.main(argv) == 0
     out = capsys.readouterr().out

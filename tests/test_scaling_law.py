@@ -12,7 +12,7 @@ from repro.proxy import compute_params
 from repro.runs import load_run
 from scripts import scaling_law
 
-# PAPER.md §4.5 (dense) and §4.6 (MoE): C in PFLOP/s-days, baseline and unified terminal losses [F]
+# docs/paper.md §4.5 (dense) and §4.6 (MoE): C in PFLOP/s-days, baseline and unified terminal losses [F]
 DENSE_C = [0.056, 0.346, 1.428, 3.439, 6.397]
 DENSE = {"baseline": [3.0726, 2.7663, 2.5686, 2.4432, 2.3702], "unified": [3.0396, 2.7418, 2.5270, 2.4126, 2.3554]}
 MOE_C = [0.150, 0.450, 1.535, 2.749, 7.914]
@@ -45,7 +45,7 @@ def test_cli_reads_points_and_plots(tmp_path, capsys):
 def _fake_run(root, name, preset, d_model, tokens, loss):
     """A run directory as train.py writes it: the resolved config and metrics.jsonl."""
     cfg = load_config(["configs/tiny_cpu.yaml", f"configs/scale/{preset}.yaml"],
-                      [f"model.d_model={d_model}", "model.vocab_size=8192", "train.steps=10", "schedule.warmup_steps=1"])
+                      [f"model.d_model={d_model}", "model.n_heads=2", "model.vocab_size=8192", "train.steps=10", "schedule.warmup_steps=1"])
     run = root / name
     run.mkdir()
     (run / "config.yaml").write_text(cfg.to_yaml())

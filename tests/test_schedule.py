@@ -1,4 +1,4 @@
-"""lr schedules (optim/schedule.py): warmup, cosine to lr·min_ratio, WSD plateau and decay to 0 (PAPER.md §3.1, §3.3)."""
+"""lr schedules (optim/schedule.py): warmup, cosine to lr·min_ratio, WSD plateau and decay to 0 (docs/paper.md §3.1, §3.3)."""
 import math
 
 import pytest
@@ -21,7 +21,7 @@ def test_warmup_is_linear_from_peak_over_warmup_to_peak():
 def test_cosine_ends_at_min_ratio_on_the_last_step():
     cfg = ScheduleConfig(name="cosine", warmup_steps=10, min_lr_ratio=0.05)
     lrs = [lr_at(s, TOTAL, PEAK, cfg) for s in range(TOTAL)]
-    assert lrs[-1] == pytest.approx(PEAK * 0.05, rel=1e-12)  # PAPER.md §3.1: lr_max / 20
+    assert lrs[-1] == pytest.approx(PEAK * 0.05, rel=1e-12)  # docs/paper.md §3.1: lr_max / 20
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))  # monotone after warmup
     mid = 10 + (TOTAL - 1 - 10) / 2  # halfway through the decay: the mean of peak and floor
     assert lr_at(int(mid), TOTAL, PEAK, cfg) == pytest.approx(PEAK * (0.05 + 0.95 * 0.5 * (1 + math.cos(
@@ -38,7 +38,7 @@ def test_no_warmup_starts_at_peak():
 @pytest.mark.parametrize("shape", ["linear", "cosine", "sqrt"])
 def test_wsd_plateau_then_decay_to_zero(shape):
     cfg = ScheduleConfig(name="wsd", warmup_steps=10, decay_frac=0.2, decay_shape=shape)
-    assert wsd_decay_start(TOTAL, 0.2) == 80  # constant until 80 % of the steps (PAPER.md §3.3)
+    assert wsd_decay_start(TOTAL, 0.2) == 80  # constant until 80 % of the steps (docs/paper.md §3.3)
     assert lr_at(9, TOTAL, PEAK, cfg) == pytest.approx(PEAK)
     assert all(lr_at(s, TOTAL, PEAK, cfg) == PEAK for s in range(10, 81))  # plateau
     assert 0 < lr_at(81, TOTAL, PEAK, cfg) < PEAK

@@ -22,7 +22,8 @@ def test_inspect_model_bad_key(capsys):
 def test_bench_prints_every_design(capsys):
     argv = ["--presets", "baseline", "unified", "--steps", "2", "--warmup", "1", "--vocab-size", "128",
             "--micro-batch", "2", "--seq-len", "16", "--device", "cpu",
-            "model.d_model=32", "model.n_layers=1", "model.n_heads=2", "train.compile=false", "--no-hf-reference",
+            "model.d_model=32", "model.n_layers=1", "model.n_heads=2", "train.compile=false", "train.dtype=float32",
+            "--no-hf-reference",
             "--no-memory"]
     assert bench.main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -36,7 +37,8 @@ def test_bench_compares_models(capsys):
     argv = ["--models", "configs/tiny_moe.yaml model.moe.n_experts=4 model.moe.top_k=2",
             "configs/tiny_cpu.yaml model.d_ffn=64", "--presets", "baseline", "--steps", "2", "--warmup", "1",
             "--no-memory", "--vocab-size", "128", "--micro-batch", "2", "--seq-len", "16", "--device", "cpu",
-            "model.d_model=32", "model.n_layers=1", "model.n_heads=2", "train.compile=false"]
+            "model.d_model=32", "model.n_layers=1", "model.n_heads=2", "train.compile=false",
+            "train.dtype=float32"]
     assert bench.main(argv) == 0
     rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[2:]}
     moe, dense = rows["tiny_moe[n_experts=4][top_k=2]/baseline"], rows["tiny_cpu[d_ffn=64]/baseline"]

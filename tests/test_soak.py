@@ -9,9 +9,16 @@ import json
 
 from scripts import soak
 
+# Sequences of 64 tokens instead of tiny_cpu.yaml's 256: a step costs a quarter (the LM head over the 8,192-token
+# vocabulary is most of it), and nothing checked depends on the length — the kills land at checkpoint writes (the
+# checkpoint's size does not change: the model does not), at start-up or after a logged step; the bounds of a rank
+# change are upper bounds on reduction-order error, which shorter sums only lower, and the rank-changed run still
+# sums its 512 rows per step in another order than the reference (so it is still not bit-identical: asserted).
+SEQ = ["--seq-len", "64"]
+
 
 def test_two_kills_then_bit_identical(tmp_path, capsys):
-    assert soak.main(["--episodes", "1", "--kills", "2", "--steps", "12", "--out", str(tmp_path / "soak")]) == 0
+    assert soak.main(["--episodes", "1", "--kills", "2", "--steps", "12", *SEQ, "--out", str(tmp_path / "soak")]) == 0
     report = json.loads((tmp_path / "soak" / "report.json").read_text())
     assert report["kills"] == 2 and report["kills_during_checkpoint_write"] >= 1 and report["rank_changes"] == 0
     assert report["divergent_episodes"] == 0 and report["max_loss_diff"] == 0.0 and report["digests_equal"]
@@ -21,7 +28,7 @@ def test_two_kills_then_bit_identical(tmp_path, capsys):
 
 
 def test_a_kill_that_restarts_on_one_rank_keeps_the_tokens(tmp_path, capsys):
-    assert soak.main(["--episodes", "1", "--kills", "3", "--steps", "14", "--seed", "1",
+    assert soak.main(["--episodes", "1", "--kills", "3", "--steps", "14", "--seed", "1", *SEQ,
                       "--out", str(tmp_path / "soak")]) == 0
     report = json.loads((tmp_path / "soak" / "report.json").read_text())
     episode = report["episodes_detail"][0]

@@ -15,7 +15,7 @@ def tiny_overrides(data_dir) -> list[str]:  # noqa: F811
             f"data.dir={data_dir.dir}", f"data.source={data_dir.source}", "data.tokenizer=bpe:320",
             "data.seq_len=32", "data.val_frac=0.2", "train.steps=3", "train.global_batch=4",
             "train.micro_batch=4", "train.eval_every=3", "train.eval_tokens=256", "schedule.warmup_steps=1",
-            "log.wandb.mode=disabled", "train.device=cpu", "train.compile=false"]
+            "log.wandb.mode=disabled", "train.device=cpu", "train.dtype=float32", "train.compile=false"]
 
 
 def sweep_env(**extra: str) -> dict:

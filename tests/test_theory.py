@@ -1,4 +1,4 @@
-"""Theorem 2.2 (PAPER.md §5.2) as a float64 gradient-flow simulation: a scale vector in front of a linear map makes
+"""Theorem 2.2 (docs/paper.md §5.2) as a float64 gradient-flow simulation: a scale vector in front of a linear map makes
 training strictly faster than the map alone, and γ_j² − ‖u_j‖² is conserved."""
 import torch
 
@@ -35,7 +35,7 @@ def test_theorem_2_2_gradient_flow():
         loss_g = 0.5 * torch.exp(torch.tensor(-2 * t)).item() * w_star.pow(2).sum().item()  # closed form for g
         if i > 0:
             assert loss_f < loss_g, f"L_f ≥ L_g at t={t}"
-        invariant = gamma.pow(2) - w.pow(2).sum(0)  # γ_j² − ‖u_j‖² (PAPER.md §5.2)
+        invariant = gamma.pow(2) - w.pow(2).sum(0)  # γ_j² − ‖u_j‖² (docs/paper.md §5.2)
         # RK4's global error ~ t·dt⁴·C = 3e-12·C, float64 rounding ~ steps·u₆₄ ≈ 3e-13: 1e-6 is neither (a broken
         # invariant is O(1))
         assert (invariant - 1).abs().max().item() < 1e-6
@@ -43,7 +43,7 @@ def test_theorem_2_2_gradient_flow():
 
 
 def test_or_norm_of_alpha_is_conserved_under_gradient_flow():
-    """PAPER.md §5.5: under OR, ‖α‖ stays √d (the gradient of β·Norm(α) is orthogonal to α)."""
+    """docs/paper.md §5.5: under OR, ‖α‖ stays √d (the gradient of β·Norm(α) is orthogonal to α)."""
     torch.manual_seed(1)
     d = 6
     sv = ScaleVector(d, "or", Role.SCALE_INPUT).double()

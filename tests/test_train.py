@@ -42,7 +42,7 @@ def args_for(data: DataConfig, out_dir: Path, name: str, *extra: str) -> list[st
         "train.steps=6", "train.global_batch=8", "train.micro_batch=4", "train.eval_every=3",
         "train.eval_tokens=512", "train.ckpt_every=100", "schedule.warmup_steps=2", "optim.lr=3e-3",
         "log.every=1", "log.wandb.mode=disabled", f"log.out_dir={out_dir}", f"log.run_name={name}",
-        "train.device=cpu", *extra,
+        "train.device=cpu", "train.dtype=float32", *extra,
     ]
 
 
@@ -158,29 +158,56 @@ def test_gradient_accumulation_matches_one_batch(data_dir, tmp_path):
     assert max(((pa[n] - pb[n]).abs().max() / pa[n].abs().max().clamp_min(1)).item() for n in pa) <= drift_tol(6)
 
 
+def fsdp_extra(optimizer: str) -> tuple[str, ...]:
+    return (f"optim.name={optimizer}", "train.steps=10", "train.eval_every=100", "optim.muon.ns_dtype=float32",
+            "train.dtype=float64")
+
+
+# Eager, as the tolerances below were derived for: train.compile=auto compiles bf16 on a CPU (runtime/precision.py),
+# which would add three cold compiles (one process, two ranks) to a test of FSDP2's mixed precision; the compiled
+# path is test_compiled_blocks_match_eager's.
+BF16_EXTRA = ("train.dtype=bfloat16", "train.compile=false", "train.steps=3", "train.eval_every=100",
+              "schedule.warmup_steps=1")
+
+
+@pytest.fixture(scope="module")
+def two_ranks(data_dir, tmp_path_factory) -> dict[str, tuple[Path, list[str]]]:
+    """The 2-rank runs of the tests below, in one launch instead of five: run_ranks' ranks run the commands one after
+    another, and every train.main seeds all its RNGs and builds its own process group (a fresh port per run), so each
+    run is what a launch of its own gives (tests/test_grad_reduce.py runs six so). The FSDP2 twins of the one-process
+    runs (AdamW and Muon in float64, bf16), and the resume test's uninterrupted run and its twin stopped after step 3
+    then continued by the same command. name → (its log.out_dir, its argv)."""
+    root = tmp_path_factory.mktemp("two_ranks")
+    dirs = {name: root / name for name in ("fsdp-adamw", "fsdp-muon", "bf16", "full", "part")}
+    runs = {f"fsdp-{o}": args_for(data_dir, dirs[f"fsdp-{o}"], "two", *fsdp_extra(o)) for o in ("adamw", "muon")}
+    runs["bf16"] = args_for(data_dir, dirs["bf16"], "two", *BF16_EXTRA)  # 2 ranks × micro 4 = the same 8 sequences
+    runs["full"] = args_for(data_dir, dirs["full"], "full", "train.ckpt_every=2")
+    runs["part"] = args_for(data_dir, dirs["part"], "part", "train.ckpt_every=2")
+    run_ranks(2, runs["fsdp-adamw"], runs["fsdp-muon"], runs["bf16"], runs["full"],
+              ["--stop-at-step", "3", *runs["part"]], runs["part"])  # stopped after step 3, then the same command
+    return {name: (dirs[name], argv) for name, argv in runs.items()}
+
+
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
-def test_two_fsdp_ranks_match_one_process(data_dir, tmp_path, optimizer):
+def test_two_fsdp_ranks_match_one_process(data_dir, tmp_path, optimizer, two_ranks):
     """float64 (the same FSDP2 path as float32: no mixed-precision policy), so that what is compared is the sharding,
     not float32 summation order, which Adam's normalization and Newton–Schulz amplify after a few steps until the
     difference depends on the CPU's kernels. Newton–Schulz in float32 (not the default bf16): the float32 casts
     of float64 updates that agree to ~1e-16 are the same bits but for a ~1e-9 chance per entry."""
-    extra = (f"optim.name={optimizer}", "train.steps=10", "train.eval_every=100", "optim.muon.ns_dtype=float32",
-             "train.dtype=float64")
-    one = args_for(data_dir, tmp_path, "one", "train.micro_batch=8", *extra)
-    two = args_for(data_dir, tmp_path, "two", *extra)  # 2 ranks × micro 4 = the same 8 sequences
+    one = args_for(data_dir, tmp_path, "one", "train.micro_batch=8", *fsdp_extra(optimizer))
+    out, two = two_ranks[f"fsdp-{optimizer}"]  # 2 ranks × micro 4 = the same 8 sequences
     train.main(one)
-    run_ranks(2, two)
-    r1, r2 = records(tmp_path / "one", "train"), records(tmp_path / "two", "train")
+    r1, r2 = records(tmp_path / "one", "train"), records(out / "two", "train")
     assert len(r1) == len(r2) == 10
     tol = drift_tol(10)
     for a, b in zip(r1, r2):
         # float64 losses from weights ≤ tol apart (as val_loss below)
         assert abs(a["loss"] - b["loss"]) <= tol * a["loss"], (a["loss"], b["loss"])
         assert abs(a["grad_norm"] - b["grad_norm"]) <= tol * max(1.0, a["grad_norm"])  # float64 throughout
-    p1, p2 = final_params(tmp_path / "one", one), final_params(tmp_path / "two", two)
+    p1, p2 = final_params(tmp_path / "one", one), final_params(out / "two", two)
     assert max(((p1[n] - p2[n]).abs().max() / p1[n].abs().max().clamp_min(1)).item() for n in p1) <= tol
     # Evaluation and telemetry agree too. At step 0 exactly: the sharded init is the single-process one bit for bit.
-    e1, e2 = records(tmp_path / "one", "eval"), records(tmp_path / "two", "eval")
+    e1, e2 = records(tmp_path / "one", "eval"), records(out / "two", "eval")
     assert [r["step"] for r in e1] == [r["step"] for r in e2] == [0, 10]
     keys = [k for k in e1[0] if k.startswith(("scale/", "wnorm/"))]
     assert len(keys) > 10 and all(e1[0][k] == e2[0][k] for k in keys)
@@ -192,14 +219,12 @@ def test_two_fsdp_ranks_match_one_process(data_dir, tmp_path, optimizer):
     assert all(abs(e1[1][k] - e2[1][k]) <= 2 * 1024 * U32 * max(1.0, abs(e1[1][k])) for k in keys)
 
 
-def test_two_fsdp_ranks_bf16_first_steps(data_dir, tmp_path):
+def test_two_fsdp_ranks_bf16_first_steps(data_dir, tmp_path, two_ranks):
     """bf16 mixed precision (bf16 compute, fp32 master weights and reduction): the first steps agree at bf16
-    tolerance (later steps drift apart, DESIGN.md)."""
-    extra = ("train.dtype=bfloat16", "train.steps=3", "train.eval_every=100", "schedule.warmup_steps=1")
-    train.main(args_for(data_dir, tmp_path, "one", "train.micro_batch=8", *extra))
-    run_ranks(2, args_for(data_dir, tmp_path, "two", *extra))
+    tolerance (later steps drift apart, docs/design.md)."""
+    train.main(args_for(data_dir, tmp_path, "one", "train.micro_batch=8", *BF16_EXTRA))
     l1 = [r["loss"] for r in records(tmp_path / "one", "train")]
-    l2 = [r["loss"] for r in records(tmp_path / "two", "train")]
+    l2 = [r["loss"] for r in records(two_ranks["bf16"][0] / "two", "train")]
     # bf16 (u = 2⁻⁸ ≈ 3.9e-3) activations, fp32 accumulation: a per-token loss is off by a few u, and the ranks round
     # other GEMM shapes: 2e-2 ≈ 5·u of step 1's loss (the same weights); step 2 adds one AdamW step taken from
     # gradients that already differ at bf16's u, whose effect on the loss is first-order small: 5e-2
@@ -211,7 +236,7 @@ def test_two_fsdp_ranks_bf16_first_steps(data_dir, tmp_path):
 def test_rank0_data_error_reaches_every_rank(tmp_path):
     """A data problem found by rank 0 is raised on every rank with the same message: nobody hangs."""
     argv = ["--config", "configs/tiny_cpu.yaml", f"data.dir={tmp_path / 'missing'}", f"data.source={tmp_path}/x.txt",
-            "log.wandb.mode=disabled", f"log.out_dir={tmp_path}", "train.device=cpu"]
+            "log.wandb.mode=disabled", f"log.out_dir={tmp_path}", "train.device=cpu", "train.dtype=float32"]
     spawn(_error_worker, (2, free_port(), argv, tmp_path), nprocs=2)
     messages = [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)]
     assert messages[0] == messages[1] and messages[0].startswith("SourceError: source") and "x.txt" in messages[0]
@@ -240,15 +265,14 @@ def test_compiled_blocks_match_eager(data_dir, tmp_path):
     assert all(abs(a - b) <= 2 * 1024 * U32 * a + logged_loss_tol(a, additions=2) for a, b in zip(le, lc)), (le, lc)
 
 
-def test_two_rank_resume_is_bit_identical(data_dir, tmp_path):
-    full = args_for(data_dir, tmp_path, "full", "train.ckpt_every=2")
-    part = args_for(data_dir, tmp_path, "part", "train.ckpt_every=2")
-    run_ranks(2, full)
-    run_ranks(2, ["--stop-at-step", "3", *part], part)  # stopped after step 3, then the same command again
-    lf = [(r["step"], r["loss"]) for r in records(tmp_path / "full", "train")]
-    lp = [(r["step"], r["loss"]) for r in records(tmp_path / "part", "train")]
+def test_two_rank_resume_is_bit_identical(two_ranks):
+    """2 ranks stopped after step 3, then the same command again (the `two_ranks` launch), against the run that went
+    straight through."""
+    (out_full, full), (out_part, part) = two_ranks["full"], two_ranks["part"]
+    lf = [(r["step"], r["loss"]) for r in records(out_full / "full", "train")]
+    lp = [(r["step"], r["loss"]) for r in records(out_part / "part", "train")]
     assert lf == lp  # bit-identical losses, and no duplicated steps in metrics.jsonl
-    pf, pp = final_params(tmp_path / "full", full), final_params(tmp_path / "part", part)
+    pf, pp = final_params(out_full / "full", full), final_params(out_part / "part", part)
     assert all(torch.equal(pf[n], pp[n]) for n in pf)
 
 

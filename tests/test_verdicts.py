@@ -178,7 +178,7 @@ def test_parallel_laws_have_one_multiplier():
     law = ladder_law(synthetic_ladder(ref, other, [1, 4, 16, 64]), "baseline", "unified")
     assert law.parallel and law.exponent_diff.contains(0.0) and law.falling
     assert crossing(ref, other) is None
-    expected = (3.0 / 2.9) ** (1 / 0.05)  # (a_ref / a_new)^(1/b), PAPER.md §4.5's formula
+    expected = (3.0 / 2.9) ** (1 / 0.05)  # (a_ref / a_new)^(1/b), docs/paper.md §4.5's formula
     assert math.exp(law.log_headline) == pytest.approx(expected, rel=0.1)
     assert all(math.exp(m) == pytest.approx(expected, rel=0.1) for m in law.log_multipliers)
     lines = "\n".join(law_lines(law, 1.22))
