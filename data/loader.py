@@ -379,13 +379,6 @@ def val_batches(data_dir: str | Path, seq_len: int, micro_batch: int, rank: int 
         yield buf[:, :-1].contiguous(), buf[:, 1:].contiguous()
 
 
-def val_tokens_used(data_dir: str | Path, seq_len: int, world_size: int = 1, max_tokens: int | None = None) -> int:
-    """How many target tokens `val_batches` evaluates across all ranks (for logging)."""
-    info = load_meta(data_dir).splits["val"]
-    total = info.tokens if max_tokens is None else min(info.tokens, max_tokens + 1)
-    return ((total - 1) // seq_len // world_size) * world_size * seq_len
-
-
 def _read_prefix(shards: list[np.ndarray], max_tokens: int | None) -> np.ndarray:
     # max_tokens targets need max_tokens + 1 tokens (the last window's final target)
     want = None if max_tokens is None else max_tokens + 1

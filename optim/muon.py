@@ -1,11 +1,11 @@
-"""Muon for the matrices inside the blocks (PAPER.md §3.2), with FSDP2 (DTensor) support.
+"""Muon for the matrices inside the blocks (docs/paper.md §3.2), with FSDP2 (DTensor) support.
 
 Per matrix W ∈ R^{m×n} with gradient G, each step (Keller Jordan's Muon + Moonlight's scaling):
     B ← μ·B + (1 − μ)·G                          momentum, μ = 0.95
-    U ← (1 − μ)·G + μ·B  (Nesterov)  or  B       PAPER.md §3.2: "Nesterov momentum 0.95"
+    U ← (1 − μ)·G + μ·B  (Nesterov)  or  B       docs/paper.md §3.2: "Nesterov momentum 0.95"
     O ← NS₅(U)                                    5 quintic Newton–Schulz steps in bf16,
                                                   (a, b, c) = (3.4445, −4.7750, 2.0315)
-    W ← W·(1 − lr·wd)                             decoupled weight decay, wd 0.1 (PAPER.md §3.2)
+    W ← W·(1 − lr·wd)                             decoupled weight decay, wd 0.1 (docs/paper.md §3.2)
     W ← W − lr·s(m, n)·O                          s = 0.2·√max(m, n) (Moonlight: update RMS ≈ AdamW's, so AdamW's
                                                   lr and wd carry over) or √max(1, m/n) (Keller Jordan's)
 (m, n) is the LOGICAL shape (the group's "logical_shapes", parallel to "params"): a matrix stored zero-padded (an FFN
@@ -37,7 +37,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from optim.muon_dist import (EXCHANGE_BUCKET_ELEMENTS, orthogonalize_exchange, orthogonalize_local, plan_buckets,
                              split_dims)
 
-NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # Keller Jordan's / Moonlight's quintic (PAPER.md §3.2)
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # Keller Jordan's / Moonlight's quintic (docs/paper.md §3.2)
 UPDATE_SCALES = ("moonlight", "jordan")
 
 
@@ -158,33 +158,10 @@ def logical_shape(group: dict[str, Any], param: Tensor) -> tuple[int, ...]:
     return tuple(param.shape)
 
 
-@torch.no_grad()
-def muon_update(
-    param: Tensor,
-    grad: Tensor,
-    momentum_buffer: Tensor,
-    *,
-    lr: float,
-    weight_decay: float,
-    momentum: float,
-    nesterov: bool,
-    ns_coefficients: tuple[float, float, float],
-    ns_steps: int,
-    eps: float,
-    update_scale_kind: str,
-    ns_dtype: str = "bfloat16",
-) -> None:
-    """One Muon step for one parameter, in place (param, momentum_buffer); plain tensors or DTensors alike, on the
-    reference path."""
-    update = momentum_update(grad, momentum_buffer, momentum, nesterov)
-    ortho = orthogonalize(update, ns_coefficients, ns_steps, eps, getattr(torch, ns_dtype))
-    apply_update(param, ortho, lr, weight_decay, update_scale_kind)
-
-
 class Muon(torch.optim.Optimizer):
     """Muon over ≥2-D parameters; state per parameter is {"momentum_buffer"}, as in torch.optim.Muon.
 
-    Defaults follow PAPER.md §3.2 (Nesterov 0.95, wd 0.1, 5 NS steps, Moonlight scaling). Param groups may carry
+    Defaults follow docs/paper.md §3.2 (Nesterov 0.95, wd 0.1, 5 NS steps, Moonlight scaling). Param groups may carry
     extra keys (name, kind, lr_scale, initial_lr); HybridOptimizer (optim/hybrid.py) drives this class as its Muon
     engine over its own groups and state. `distributed` (per group) turns on distributed Muon for DTensors
     (optim/muon_dist.py); `ns_shapes` lists the shapes this rank orthogonalized in the last step (telemetry, tests).

@@ -2,9 +2,9 @@
 tokens per parameter (issue: results v2).
 
 The ratio that decides what a run measures is tokens per parameter: the paper's Llama-0.12B sees 10.5B tokens on
-81.1M compute parameters (≈ 130; PAPER.md §3.1, §3.6), and a run stopped at 0.2 measures only how fast a design
+81.1M compute parameters (≈ 130; docs/paper.md §3.1, §3.6), and a run stopped at 0.2 measures only how fast a design
 leaves the starting line. Every proxy run therefore trains on TOKENS_PER_PARAM × N tokens, N counted as the paper's
-compute axis counts it (every parameter but the input embedding; for MoE the total, not the activated ones; PAPER.md
+compute axis counts it (every parameter but the input embedding; for MoE the total, not the activated ones; docs/paper.md
 §3.6), over at least MIN_STEPS optimizer steps, with a warmup of WARMUP_FRAC of them (the paper's 1,000 of 20,000
 for the 0.12B model), reading the built-in corpus at most MAX_PASSES times. N is the *baseline strategy's* at the
 run's shape, so every strategy of a comparison trains on the same tokens (the paper compares at equal tokens); the
@@ -59,7 +59,7 @@ TOKENS_PER_PARAM = 10.5  # the target; every run of every comparison ends at ≥
 MIN_TOKENS_PER_PARAM = 10.0
 MIN_STEPS = 1000
 MAX_PASSES = 4
-WARMUP_FRAC = 0.05  # PAPER.md §3.1: [U]; the repository's 0.12B config warms up 1,000 of 20,000 steps
+WARMUP_FRAC = 0.05  # docs/paper.md §3.1: [U]; the repository's 0.12B config warms up 1,000 of 20,000 steps
 EVALS = 20  # evaluations per run: the Δ-loss curves' points
 CHECKPOINTS = 4  # per run: a stopped reproduction loses at most a quarter of a run
 HEAD_DIM = 32
@@ -69,7 +69,7 @@ SEQ_LEN = 256  # configs/proxy/tiny.yaml's data.seq_len
 @dataclass(frozen=True)
 class Shape:
     """A proxy model: width, depth and, for Llama-MoE, the routed experts (top_k = n_experts / 4, with one shared
-    expert; expert hidden int(2d/3) and shared hidden int(8d/3) as the paper's, PAPER.md §2.2)."""
+    expert; expert hidden int(2d/3) and shared hidden int(8d/3) as the paper's, docs/paper.md §2.2)."""
     d_model: int
     n_layers: int
     n_experts: Optional[int] = None
@@ -89,13 +89,13 @@ class Shape:
 
 DENSE = Shape(64, 4)  # Llama-0.12B's proxy: Figs. 1, 5, 8 and 9, and a rung of Fig. 6
 # Fig. 6: compute spans (540k / 82k)² ≈ 43× at one tokens-per-parameter ratio; width and depth both grow, as in
-# the paper's ladder (PAPER.md §2.1).
+# the paper's ladder (docs/paper.md §2.1).
 DENSE_LADDER = (Shape(32, 4), Shape(64, 2), DENSE, Shape(96, 4))
 MOE = Shape(64, 2, 8)  # MoE-0.5B's proxy (Figs. 8, 9): two MoE layers hold about the dense proxy's N
 MOE_LADDER = (Shape(32, 2, 8), MOE, Shape(96, 2, 8))  # Fig. 7: a width ladder
 
 
-# The proxy of each paper size (PAPER.md §2.1, §2.2, keyed by d_model), for `scripts.reproduce FIG --scale tiny`:
+# The proxy of each paper size (docs/paper.md §2.1, §2.2, keyed by d_model), for `scripts.reproduce FIG --scale tiny`:
 # N grows with the paper's N and the largest stays within MAX_PASSES (dense 1B: 1.31M, 3.95 passes).
 DENSE_SIZES = {768: DENSE, 1024: Shape(96, 4), 1280: Shape(96, 6), 1536: Shape(128, 4), 1792: Shape(128, 6)}
 MOE_SIZES = {640: MOE_LADDER[0], 768: MOE, 960: Shape(64, 3, 8), 1024: MOE_LADDER[2], 1280: Shape(96, 3, 8)}
@@ -126,10 +126,6 @@ class Sizing:
     @property
     def tokens(self) -> int:
         return self.steps * self.rows * SEQ_LEN
-
-    @property
-    def tokens_per_param(self) -> float:
-        return self.tokens / self.compute_params
 
     @property
     def passes(self) -> float:

@@ -58,7 +58,7 @@ def init_distributed(device_pref: str = "auto") -> DistInfo:
 
 
 def shutdown(info: DistInfo, clean: bool = True) -> None:
-    """Tear down. After a clean run, gc + barrier before destroy avoids the FSDP2 exit-time abort (DESIGN.md trap
+    """Tear down. After a clean run, gc + barrier before destroy avoids the FSDP2 exit-time abort (docs/design.md trap
     1). After an error there is no barrier: the other ranks may be stuck elsewhere, and waiting would hang."""
     if not info.owns_group or not dist.is_initialized():
         return
@@ -66,15 +66,6 @@ def shutdown(info: DistInfo, clean: bool = True) -> None:
     if clean:
         dist.barrier()
     dist.destroy_process_group()
-
-
-def all_reduce_mean(value: torch.Tensor) -> torch.Tensor:
-    """Mean of a scalar tensor over ranks (float64 on the wire, so reporting never loses precision)."""
-    t = value.detach().to(torch.float64).clone()
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t)
-        t /= dist.get_world_size()
-    return t
 
 
 class StopConsensus:

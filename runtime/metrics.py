@@ -1,4 +1,4 @@
-"""Throughput and model FLOPs utilization (MFU).
+"""Model FLOPs utilization (MFU) and the peaks it divides by.
 
 MFU = achieved model FLOP/s ÷ the hardware's dense peak (PaLM, Chowdhery et al. 2022, App. B). The model
 supplies FLOPs per token (forward + backward, ≈ 6·N plus attention); we supply the peak and the arithmetic.
@@ -6,8 +6,6 @@ supplies FLOPs per token (forward + backward, ≈ 6·N plus attention); we suppl
 from __future__ import annotations
 
 import re
-import time
-from collections import deque
 from typing import Optional
 
 import torch
@@ -61,43 +59,3 @@ def mfu(flops_per_token: float, tokens_per_s: float, n_devices: int, peak: Optio
     return flops_per_token * tokens_per_s / (n_devices * peak)
 
 
-class Throughput:
-    """Tokens/s over the last `window` steps, ignoring the first `warmup` steps (torch.compile, allocator warmup).
-
-    Call `step(tokens)` once per optimizer step, after something that waits for the device (e.g. `loss.item()`),
-    so wall time is real. Call `restart()` after a pause that is not training (eval, checkpoint) so the pause
-    does not count as a slow step.
-    """
-
-    def __init__(self, window: int = 20, warmup: int = 2) -> None:
-        if window < 1 or warmup < 0:
-            raise ValueError(f"window={window} must be ≥ 1 and warmup={warmup} ≥ 0")
-        self.window, self.warmup = window, warmup
-        self._steps = 0
-        self._tokens = 0  # cumulative tokens since the last mark
-        self._marks: deque[tuple[float, int]] = deque(maxlen=window + 1)  # (time, cumulative tokens)
-
-    def step(self, tokens: int, now: Optional[float] = None) -> Optional[float]:
-        """Record one step of `tokens` tokens ending now; return the current rate (None while warming up)."""
-        now = time.perf_counter() if now is None else now
-        self._steps += 1
-        if self._steps <= self.warmup or not self._marks:
-            # The end of the last warmup step is where measured time starts.
-            self._marks.clear()
-            self._marks.append((now, self._tokens))
-            return None
-        self._tokens += tokens
-        self._marks.append((now, self._tokens))
-        return self.tokens_per_s
-
-    def restart(self, now: Optional[float] = None) -> None:
-        """Start a new window at `now`: what happened since the last step (eval, checkpoint) is not counted."""
-        self._marks.clear()
-        self._marks.append((time.perf_counter() if now is None else now, self._tokens))
-
-    @property
-    def tokens_per_s(self) -> Optional[float]:
-        if len(self._marks) < 2:
-            return None
-        (t0, n0), (t1, n1) = self._marks[0], self._marks[-1]
-        return (n1 - n0) / (t1 - t0) if t1 > t0 else None

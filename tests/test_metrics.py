@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.metrics import Throughput, mfu, peak_flops, peak_flops_for_name
+from runtime.metrics import mfu, peak_flops, peak_flops_for_name
 
 
 def test_mfu_arithmetic() -> None:
@@ -29,16 +29,3 @@ def test_peak_flops() -> None:
     assert peak_flops_for_name("NVIDIA GeForce GTX 1080") is None
 
 
-def test_throughput_skips_warmup_and_uses_a_window() -> None:
-    meter = Throughput(window=3, warmup=2)
-    assert meter.step(100, now=0.0) is None  # compile step: 10 s, must not count
-    assert meter.step(100, now=10.0) is None
-    assert meter.step(100, now=11.0) == pytest.approx(100.0)
-    assert meter.step(100, now=12.0) == pytest.approx(100.0)
-    assert meter.step(300, now=13.0) == pytest.approx(500 / 3)
-    assert meter.step(300, now=14.0) == pytest.approx(700 / 3)  # window: the last 3 steps only
-    meter.restart(now=100.0)  # an eval pause
-    assert meter.tokens_per_s is None
-    assert meter.step(200, now=101.0) == pytest.approx(200.0)
-    with pytest.raises(ValueError):
-        Throughput(window=0)
