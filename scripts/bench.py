@@ -6,10 +6,15 @@
     python -m scripts.bench --models configs/tiny_moe.yaml "configs/tiny_cpu.yaml model.d_ffn=1367" \\
         --presets baseline                                             # MoE vs the dense model of equal activated size
 
-Time. Every design gets the same random batches, and the designs are interleaved in one process round by round
-(step i of every design, then step i + 1), so drift in machine load hits all of them alike. The step is the
-trainer's (runtime/build.py, as train.py builds it): FSDP2-wrapped (one rank) forward with the fused LM head + loss,
-backward, clip, optimizer step. ms/step is the median over the timed steps; tok/s follows from it.
+Time. Every design gets the same batches (random tokens; with --data, the config's training data in train.py's
+order), and the designs are interleaved in one process round by round (step i of every design, then step i + 1), so
+drift in machine load hits all of them alike. The step is train.py's: runtime/trainer.py's `Trainer.step` on a model
+built as train.py builds it (runtime/build.py) — one optimizer step of one micro-batch (--micro-batch; accumulation 1,
+one rank): FSDP2-wrapped forward with the fused LM head + loss, backward, the global gradient norm and clipping, the
+all-reduce of the losses and batch digest, the non-finite guard, the update, the MoE bookkeeping. The loss is read
+after each step (the wait for the device is in the time). ms/step is the median over the timed steps; tok/s follows
+from it. The schedule is the config's (train.steps), so the steps are the run's first ones: with --data and the same
+config and seed, their losses are train.py's.
 
 Memory. CUDA: per design in the timing process, torch.cuda.max_memory_allocated over its steps minus what the other
 designs hold (their parameters and optimizer state) — the caching allocator counts only live tensors, so the designs
@@ -73,8 +78,9 @@ class Design:
 
 @dataclasses.dataclass
 class Runner:
-    """A built design: one training step on a batch, and what the table reports about it."""
-    step: Callable[[tuple[torch.Tensor, torch.Tensor]], float]
+    """A built design: one training step on its next batch (returning the loss, read after the step), and what the
+    table reports about it."""
+    step: Callable[[], float]
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     params: int
@@ -95,21 +101,9 @@ def resident_bytes(model, optimizer) -> int:
     return total
 
 
-def step_fn(model, optimizer, batch, grad_clip: float, loss_chunk: int):
-    from optim import clip_grad_norm
-    from runtime.moe import moe_step_end
-    x, y = batch
-    loss = model(x, y, loss_chunk=loss_chunk)  # the trainer's loss: the fused LM head + loss
-    (loss + model.aux_loss()).backward()
-    clip_grad_norm(model.parameters(), grad_clip)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    moe_step_end(model)  # MoE: loads → balancing bias, as in train.py
-    return loss.item()  # waits for the device
-
-
-def hf_step_fn(model, optimizer, batch, grad_clip: float):
-    x, y = batch
+def hf_step_fn(model, optimizer, batches, grad_clip: float):
+    """transformers' own training step, the reference row (not ours: ours is runtime/trainer.py's)."""
+    x, y = batches.next_batch()
     logits = model(input_ids=x, use_cache=False).logits  # (B, T, V) in the compute dtype; no KV cache in training
     loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten())
     loss.backward()
@@ -120,15 +114,16 @@ def hf_step_fn(model, optimizer, batch, grad_clip: float):
     return loss.item()
 
 
-def build_ours(cfg: RunConfig, device: torch.device) -> Runner:
-    from runtime.build import build_training_model
-    built = build_training_model(cfg, device)
-    model, opt = built.model, built.optimizer
-    return Runner(lambda b: step_fn(model, opt, b, cfg.optim.grad_clip, cfg.train.loss_chunk_tokens), model, opt,
-                  model.num_params(), model.activated_params(), built.precision)
+def build_ours(cfg: RunConfig, di, batches) -> Runner:
+    """The trainer train.py runs (runtime/trainer.py), on `batches`."""
+    from runtime.trainer import Trainer
+    trainer = Trainer(cfg, di, batches)
+    model = trainer.model
+    return Runner(lambda: trainer.step().losses[0].item(), model, trainer.optimizer, model.num_params(),
+                  model.activated_params(), trainer.precision)
 
 
-def build_hf_reference(cfg: RunConfig, device: torch.device, seq_len: int) -> Runner:
+def build_hf_reference(cfg: RunConfig, device: torch.device, seq_len: int, batches) -> Runner:
     """transformers' Llama with cfg.model's shapes, wrapped, cast and compiled as runtime/build.py does ours."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -161,11 +156,36 @@ def build_hf_reference(cfg: RunConfig, device: torch.device, seq_len: int) -> Ru
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=tuple(cfg.optim.betas), eps=cfg.optim.eps,
                             weight_decay=cfg.optim.weight_decay, **({"fused": True} if on_cuda else {"foreach": True}))
     n = sum(p.numel() for p in model.parameters())
-    return Runner(lambda b: hf_step_fn(model, opt, b, cfg.optim.grad_clip), model, opt, n, n, precision)
+    return Runner(lambda: hf_step_fn(model, opt, batches, cfg.optim.grad_clip), model, opt, n, n, precision)
 
 
-def build(design: Design, device: torch.device, seq_len: int) -> Runner:
-    return build_hf_reference(design.cfg, device, seq_len) if design.hf else build_ours(design.cfg, device)
+def build(design: Design, di, seq_len: int, batches=None) -> Runner:
+    """`batches`: a list of (x, y) every design steps through in turn, or None for the design's training data as
+    train.py reads it (--data; prepared, and the vocabulary resolved, by with_data)."""
+    from runtime.trainer import FixedBatches
+    if batches is None:
+        from data.loader import TrainLoader
+        t = design.cfg.train
+        source = TrainLoader(design.cfg.data.dir, design.cfg.data.seq_len, t.micro_batch, di.rank, di.world_size,
+                             t.seed, device=di.device, prefetch=False)
+    else:
+        source = FixedBatches(batches)
+    if design.hf:
+        return build_hf_reference(design.cfg, di.device, seq_len, source)
+    return build_ours(design.cfg, di, source)
+
+
+def with_data(designs: list[Design]) -> list[Design]:
+    """--data: each design's training data prepared (on first use, as train.py does) and its vocabulary resolved."""
+    from config import resolve_vocab
+    from data.prepare import ensure_prepared
+    from data.shards import load_meta
+    out = []
+    for d in designs:
+        ensure_prepared(d.cfg.data)
+        n_vocab = load_meta(d.cfg.data.dir).tokenizer["n_vocab"]
+        out.append(dataclasses.replace(d, cfg=dataclasses.replace(d.cfg, model=resolve_vocab(d.cfg, n_vocab=n_vocab))))
+    return out
 
 
 def plan(args) -> tuple[list[Design], list[str]]:
@@ -179,9 +199,12 @@ def plan(args) -> tuple[list[Design], list[str]]:
     for label, paths, model_overrides in models:
         for preset in args.presets:
             cfg = load_config([*paths, f"configs/scale/{preset}.yaml"], [*model_overrides, *args.overrides])
-            vocab = args.vocab_size or cfg.model.vocab_size or 8192
-            train = dataclasses.replace(cfg.train, compile=True if args.compile else cfg.train.compile, seed=0)
-            cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab), train=train)
+            vocab = args.vocab_size or cfg.model.vocab_size or (None if args.data else 8192)  # --data: its own
+            micro = args.micro_batch or cfg.train.micro_batch  # one micro-batch per step: accumulation 1, one rank
+            train = dataclasses.replace(cfg.train, compile=True if args.compile else cfg.train.compile,
+                                        micro_batch=micro, global_batch=micro)
+            cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab), train=train,
+                                      data=dataclasses.replace(cfg.data, seq_len=args.seq_len or cfg.data.seq_len))
             name = f"{label}/{preset}" if label else preset
             if not args.precisions:
                 designs.append(Design(name, cfg))
@@ -224,7 +247,7 @@ def max_rss_mib() -> float:
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024
 
 
-def memory_probe(design: Design, device: torch.device, batches, seq_len: int) -> dict:
+def memory_probe(design: Design, di, batches, seq_len: int, n_steps: int) -> dict:
     """Run in a child process of its own: the growth of peak RSS over building and stepping this one design."""
     # A miniature of the same design first (1 layer, width 8 per head, vocab 64, no compile): the lazy imports and
     # one-time setup of the first build and step (thread pools, kernel tables, the modeling modules transformers
@@ -233,14 +256,17 @@ def memory_probe(design: Design, device: torch.device, batches, seq_len: int) ->
         design.cfg, model=dataclasses.replace(design.cfg.model, d_model=8 * design.cfg.model.n_heads, n_layers=1,
                                               vocab_size=64),
         train=dataclasses.replace(design.cfg.train, compile=False)))
-    warm = build(mini, device, 8)
-    warm.step(make_batches(1, 2, 8, 64, device)[0])
+    mini = dataclasses.replace(mini, cfg=dataclasses.replace(
+        mini.cfg, train=dataclasses.replace(mini.cfg.train, micro_batch=2, global_batch=2),
+        data=dataclasses.replace(mini.cfg.data, seq_len=8)))
+    warm = build(mini, di, 8, make_batches(1, 2, 8, 64, di.device))
+    warm.step()
     del warm
     gc.collect()
     before = max_rss_mib()
-    runner = build(design, device, seq_len)
-    for batch in batches:
-        runner.step(batch)
+    runner = build(design, di, seq_len, batches)
+    for _ in range(n_steps):
+        runner.step()
     return {"design": design.name, "peak_mib": max_rss_mib() - before, "baseline_mib": before}
 
 
@@ -281,6 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time every design in each of these (train.dtype and train.compile), side by side: "
                         f"{', '.join(PRECISIONS)}; auto is what train.py chooses on this machine")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--data", action="store_true",
+                   help="train on each config's data (prepared on first use) in train.py's order, instead of random "
+                        "tokens: the same losses as `python train.py` with that config for these steps")
     p.add_argument("--no-malloc-tuning", action="store_true", help="CPU: keep glibc's default allocator policy")
     p.add_argument("--hf-reference", action=argparse.BooleanOptionalAction, default=None,
                    help="add the transformers LlamaForCausalLM row (default: on when transformers is installed)")
@@ -327,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         designs, notes = plan(args)
         di = init_distributed(args.device)
+        if args.data:
+            designs = with_data(designs)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
@@ -334,13 +365,14 @@ def main(argv: list[str] | None = None) -> int:
         from runtime.cpu import tune_glibc_malloc
         tune_glibc_malloc()
     cfg0 = designs[0].cfg
-    B, T = args.micro_batch or cfg0.train.micro_batch, args.seq_len or cfg0.data.seq_len
+    B, T = cfg0.train.micro_batch, cfg0.data.seq_len
     V = cfg0.model.vocab_size
     cpu = di.device.type == "cpu"
+    n_steps = args.warmup + args.steps
     try:
-        batches = make_batches(args.warmup + args.steps, B, T, V, di.device)
+        batches = None if args.data else make_batches(n_steps, B, T, V, di.device)
         if args.memory_probe is not None:
-            print(json.dumps(memory_probe(designs[args.memory_probe], di.device, batches, T)))
+            print(json.dumps(memory_probe(designs[args.memory_probe], di, batches, T, n_steps)))
             return 0
         for note in notes:
             print(f"note: {note}", file=sys.stderr)
@@ -352,8 +384,9 @@ def main(argv: list[str] | None = None) -> int:
             if any(d.hf for d in designs):
                 import transformers  # noqa: F401  (slow; meanwhile)
             peak_mem = {d.name: f.result() for d, f in zip(designs, probes)}
-        runners = {d.name: build(d, di.device, T) for d in designs}
+        runners = {d.name: build(d, di, T, batches) for d in designs}
         times: dict[str, list[float]] = {d.name: [] for d in designs}
+        losses: dict[str, list[float]] = {d.name: [] for d in designs}
         peak = peak_flops(di.device)
         with torch.device("meta"):
             flops = {d.name: Llama(d.cfg.model).flops_per_token(T) for d in designs}  # hf-llama: its source's
@@ -365,16 +398,17 @@ def main(argv: list[str] | None = None) -> int:
         compiled = _one_or_mixed(r.precision.compile for r in runners.values())
         dtype = _one_or_mixed(r.precision.dtype_name for r in runners.values())
         header = {"device": dev, "torch": torch.__version__, "batch": [B, T], "vocab": V, "compile": compiled,
-                  "dtype": dtype, "steps": args.steps, "warmup": args.warmup, "memory": mem_how}
+                  "dtype": dtype, "steps": args.steps, "warmup": args.warmup, "memory": mem_how,
+                  "batches": "data" if args.data else "random"}
         rows: list[dict] = []
-        for i, batch in enumerate(batches):  # interleaved: step i of every design, then step i + 1
+        for i in range(n_steps):  # interleaved: step i of every design, then step i + 1
             for d in designs:
                 r = runners[d.name]
                 if not cpu:
                     torch.cuda.reset_peak_memory_stats()
                     others = torch.cuda.memory_allocated() - resident_bytes(r.model, r.optimizer)
                 t0 = time.perf_counter()
-                r.step(batch)
+                losses[d.name].append(r.step())
                 if i >= args.warmup:
                     times[d.name].append(time.perf_counter() - t0)
                 if not cpu:  # this design's peak: the process peak minus what the others hold
@@ -385,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
                 if args.json:
                     args.json.parent.mkdir(parents=True, exist_ok=True)
                     args.json.write_text(json.dumps({**header, "steps": i + 1 - args.warmup, "notes": notes,
-                                                     "rows": rows}, indent=1) + "\n")
+                                                     "rows": rows, "losses": losses}, indent=1) + "\n")
         print(f"device {dev} | torch {torch.__version__} | batch {B}×{T} | vocab {V} | compile {compiled} | "
               f"dtype {dtype} | {args.steps} timed steps after {args.warmup} | mem: {mem_how}")
         print(format_table(rows), end="")

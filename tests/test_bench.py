@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+import train
 from scripts import bench, gpu_check
+from train_harness import args_for, data_dir, records  # noqa: F401 - data_dir is a fixture
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--vocab-size", "512", "--micro-batch", "2", "--seq-len", "32", "--steps", "2", "--warmup", "1",
@@ -46,15 +48,15 @@ def test_a_cut_bench_keeps_the_rounds_it_timed(tmp_path, monkeypatch):
     table = tmp_path / "bench.json"
     build, calls = bench.build, []
 
-    def build_dying(design, device, seq_len):
-        runner = build(design, device, seq_len)
+    def build_dying(design, di, seq_len, batches):
+        runner = build(design, di, seq_len, batches)
         step = runner.step
 
-        def counted(batch):
+        def counted():
             calls.append(design.name)
             if calls.count("unified") == 3:  # warmup 1, timed round 1, then round 2 dies
                 raise KeyboardInterrupt("cut")
-            return step(batch)
+            return step()
         return dataclasses.replace(runner, step=counted)
     monkeypatch.setattr(bench, "build", build_dying)
     argv = ["--presets", "baseline", "unified", "--no-hf-reference", "--no-memory", "--json", str(table), *TINY]
@@ -64,6 +66,21 @@ def test_a_cut_bench_keeps_the_rounds_it_timed(tmp_path, monkeypatch):
     data = json.loads(table.read_text())
     assert data["steps"] == 1 and [r["design"] for r in data["rows"]] == ["baseline", "unified"]
     assert all(r["ms_per_step"] > 0 for r in data["rows"])
+
+
+def test_bench_runs_the_step_train_py_runs(data_dir, tmp_path):
+    """--data: the bench's step is train.py's (runtime/trainer.py), on the same data in the same order: for one config
+    and seed its losses are train.py's, step for step, bit for bit (the same process, the same arithmetic)."""
+    argv = args_for(data_dir, tmp_path, "train", "train.global_batch=4", "train.micro_batch=4")
+    train.main(["--stop-at-step", "4", *argv])
+    trained = [r["loss"] for r in records(tmp_path / "train", "train")]
+    table = tmp_path / "bench.json"
+    overrides = [a for a in argv if "=" in a and not a.startswith(("log.", "train.device"))]
+    assert bench.main(["--config", "configs/base.yaml", "--presets", "unified", "--data", "--device", "cpu",
+                       "--steps", "3", "--warmup", "1", "--no-memory", "--no-hf-reference", "--json", str(table),
+                       *overrides]) == 0
+    benched = json.loads(table.read_text())["losses"]["unified"]
+    assert len(trained) == 4 and benched == trained
 
 
 def test_precisions_are_columns_of_the_same_design_and_auto_says_what_it_chose(monkeypatch, capsys, tmp_path):

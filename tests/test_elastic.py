@@ -14,6 +14,7 @@ import train
 from config import ConfigError, load_config
 from test_moe_train import MOE, moe_state
 from runtime.checkpoint import latest_checkpoint
+from runtime.trainer import accumulation_steps, aux_regrouped
 from scripts.soak import checkpoint_tensors
 from multiproc import free_port, spawn
 from test_train import _error_worker, _skip_worker, args_for, data_dir, records, run_ranks  # noqa: F401 - data_dir is a fixture
@@ -118,11 +119,11 @@ def test_the_switch_aux_loss_warns_only_when_its_groups_change(data_dir):  # noq
     groups (no warning), 2 × 2 are not."""
     cfg = load_config(["configs/tiny_moe.yaml"], ["model.moe.balance=aux"])
     saved = {"world_size": 2, "micro_batch": 4}
-    assert train.aux_regrouped(cfg, saved, SimpleNamespace(world_size=1, micro_batch=8)) == ""
-    warning = train.aux_regrouped(cfg, saved, SimpleNamespace(world_size=2, micro_batch=2))
+    assert aux_regrouped(cfg, saved, SimpleNamespace(world_size=1, micro_batch=8)) == ""
+    warning = aux_regrouped(cfg, saved, SimpleNamespace(world_size=2, micro_batch=2))
     assert "balances each forward's 4 sequences (micro_batch × ranks; 8 before the resume)" in warning
     bias = load_config(["configs/tiny_moe.yaml"], ["model.moe.balance=bias"])
-    assert train.aux_regrouped(bias, saved, SimpleNamespace(world_size=2, micro_batch=2)) == ""
+    assert aux_regrouped(bias, saved, SimpleNamespace(world_size=2, micro_batch=2)) == ""
 
 
 def test_the_skipped_step_count_carries_across_a_rank_change(data_dir, tmp_path, monkeypatch):  # noqa: F811
@@ -139,22 +140,19 @@ def test_the_skipped_step_count_carries_across_a_rank_change(data_dir, tmp_path,
     assert recs[2]["loss"] is None and all(r["loss"] > 0 for r in recs[3:])
 
 
-def test_a_resume_onto_three_ranks_is_refused_and_changes_nothing(data_dir, tmp_path):  # noqa: F811
-    """A run checkpointed on 2 ranks, restarted on 3 with a global batch of 8: every rank stops with the message
-    before the checkpoint is read, and the run directory is left as it was (the same command on 2 ranks goes on)."""
-    argv = args_for(data_dir, tmp_path, "r", "train.steps=3", "train.ckpt_every=1")
-    run_ranks(2, ["--stop-at-step", "1", *argv])
-    run_dir = tmp_path / "r"
+def test_a_resume_onto_three_ranks_is_refused_and_changes_nothing(elastic_runs, tmp_path):
+    """The dense run, last checkpointed on 2 ranks, restarted on 3 with its global batch of 8: every rank stops with
+    the message before any checkpoint is read or model built, and the run directory is left as it was."""
+    run = elastic_runs["dense"]
+    run_dir = run.dir / "elastic"
     before = {p: p.stat().st_mtime_ns for p in run_dir.rglob("*") if p.is_file()}
-    spawn(_error_worker, (3, free_port(), argv, tmp_path), nprocs=3)
+    spawn(_error_worker, (3, free_port(), run.last, tmp_path), nprocs=3)
     for rank in range(3):
         assert (tmp_path / f"rank{rank}.txt").read_text() == (
-            "ConfigError: train.global_batch: 8 is not a multiple of micro_batch × world size = 4 × 3 = 12; no "
+            "ConfigError: train.global_batch: 8 is not a multiple of micro_batch × world size = 2 × 3 = 6; no "
             "micro_batch fits 3 ranks; run on a number of ranks that divides 8 (1, 2, 4, 8) (the global batch is the "
             "experiment: keep it to resume a run)")
     assert {p: p.stat().st_mtime_ns for p in run_dir.rglob("*") if p.is_file()} == before
-    run_ranks(2, argv)
-    assert [r["step"] for r in records(run_dir, "train")] == [1, 2, 3]
 
 
 def test_a_layout_that_does_not_divide_the_global_batch_is_refused():
@@ -163,7 +161,7 @@ def test_a_layout_that_does_not_divide_the_global_batch_is_refused():
     with pytest.raises(ConfigError, match=r"train.global_batch: 8 is not a multiple of micro_batch × world size = "
                                           r"4 × 3 = 12; no micro_batch fits 3 ranks; run on a number of ranks that "
                                           r"divides 8 \(1, 2, 4, 8\)"):
-        train.accumulation_steps(8, 4, 3)
+        accumulation_steps(8, 4, 3)
     with pytest.raises(ConfigError, match="on 2 ranks train.micro_batch may be 1, 2, 4"):
-        train.accumulation_steps(8, 3, 2)
-    assert train.accumulation_steps(8, 2, 2) == 2
+        accumulation_steps(8, 3, 2)
+    assert accumulation_steps(8, 2, 2) == 2

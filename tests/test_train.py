@@ -13,6 +13,7 @@ import train
 from config import ConfigError, load_config
 from data.config import DataConfig
 from data.prepare import prepare
+from runtime.trainer import NonFiniteError
 from model.llama import build_model
 from runtime.checkpoint import latest_checkpoint, load_model_weights
 from scripts.soak import checkpoint_tensors
@@ -211,7 +212,7 @@ def test_nonfinite_loss_stops_before_checkpoint(data_dir, tmp_path, monkeypatch)
     monkeypatch.setattr(model.llama, "head_loss", model.llama.head_loss)  # restored after the test
     poison({3, 4, 5, 6})
     argv = args_for(data_dir, tmp_path, "nan", "train.ckpt_every=1", "train.eval_every=100")
-    with pytest.raises(train.NonFiniteError, match="at step 3"):
+    with pytest.raises(NonFiniteError, match="at step 3"):
         train.main(argv)
     assert latest_checkpoint(tmp_path / "nan" / "checkpoints").name.endswith("2")  # the poisoned state never saved
 
@@ -251,7 +252,7 @@ def test_too_many_skips_in_a_row_stop_the_run(data_dir, tmp_path, monkeypatch):
     poison({2, 4, 5, 6})
     argv = args_for(data_dir, tmp_path, "diverged", "train.on_nonfinite=skip", "train.max_consecutive_skips=2",
                     "train.ckpt_every=1", "train.eval_every=100")
-    with pytest.raises(train.NonFiniteError, match=r"at step 6 .*3 in a row \(train.max_consecutive_skips=2\)"):
+    with pytest.raises(NonFiniteError, match=r"at step 6 .*3 in a row \(train.max_consecutive_skips=2\)"):
         train.main(argv)
     assert latest_checkpoint(tmp_path / "diverged" / "checkpoints").name.endswith("5")  # skipped steps checkpoint
     assert records(tmp_path / "diverged", "train")[-1]["skipped_steps"] == 3  # steps 2, 4 and 5

@@ -1,0 +1,419 @@
+"""The trainer: one run's model, optimizer, data, step and loop. train.py is its command.
+
+    trainer = Trainer.for_run(cfg, dist_info)   # data (prepared on first use) → model → loader → resume
+    summary = trainer.fit(stop_at_step=None)    # step → log → evaluate → checkpoint, until train.steps
+
+`Trainer.step` is the one training step in the tree: train.py's loop runs it, scripts/bench.py times it on its own
+batches (`Trainer(cfg, di, batches)`), the GPU check runs it through both, the soak through train.py.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Optional, Protocol
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
+
+from config import ConfigError, RunConfig, resolve_vocab, resume_conflicts
+from data.loader import TrainLoader, batch_digest, resolve_prefetch, val_batches
+from data.prepare import ensure_prepared
+from data.shards import load_meta
+from optim import clip_grad_norm, lr_at, set_lr
+from runtime.build import build_training_model
+from runtime.checkpoint import latest_checkpoint, load_checkpoint, load_extra, save_checkpoint
+from runtime.dist import DistInfo, StopConsensus
+from runtime.guard import NonFiniteGuard, describe
+from runtime.logging import RunLogger, git_commit
+from runtime.metrics import mfu, peak_flops
+from runtime.moe import moe_step_end
+from runtime.telemetry import scale_telemetry
+
+
+class NonFiniteError(RuntimeError):
+    """The loss or the gradient norm became NaN/inf; the state of that step is never checkpointed."""
+
+
+class Batches(Protocol):
+    """Where a step's micro-batches come from: data/loader.py's TrainLoader, or a benchmark's fixed batches."""
+    epochs_done: float
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]: ...  # (micro, seq_len) int64 each, on the device
+
+    def close(self) -> None: ...
+
+
+class FixedBatches:
+    """The given batches in turn, again from the first after the last (scripts/bench.py: every design gets the
+    same ones). Never an epoch boundary: the data is not the experiment there."""
+    epochs_done = 0.0
+
+    def __init__(self, batches: list[tuple[torch.Tensor, torch.Tensor]]):
+        self._batches, self._next = batches, 0
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = self._batches[self._next % len(self._batches)]
+        self._next += 1
+        return batch
+
+    def close(self) -> None:
+        pass
+
+
+@dataclasses.dataclass
+class StepOutput:
+    """One optimizer step over the global batch, on the device: nothing here has been read on the host."""
+    losses: torch.Tensor  # (2,) fp64: the global batch's mean LM loss and MoE aux terms (0 when dense)
+    grad_norm: torch.Tensor  # () the global gradient norm before clipping
+    digest: torch.Tensor  # () fp64: the sum of every rank's batch digests, which names the global batch
+    found_inf: torch.Tensor  # () 1 where the guard kept the update from happening (runtime/guard.py)
+    lr: float
+    moe_stats: dict[str, float]  # per-layer MoE metrics when step(metrics=True); {} otherwise and when dense
+
+
+def seed_everything(seed: int) -> None:
+    """Every RNG alike on every rank (nothing in training draws per rank): the states then carry over to a resume on
+    any number of ranks (runtime/checkpoint.py)."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+class Trainer:
+    """A built run. `cfg.model.vocab_size` must be resolved (config.resolve_vocab); `val_sets` names the validation
+    streams `evaluate` reads ({} for none)."""
+
+    def __init__(self, cfg: RunConfig, di: DistInfo, batches: Batches, val_sets: Optional[dict[str, str]] = None,
+                 tokens_per_epoch: Optional[int] = None):
+        t = cfg.train
+        self.cfg, self.di, self.batches = cfg, di, batches
+        self.val_sets = val_sets or {}
+        self.tokens_per_epoch = tokens_per_epoch
+        # ---- batch shape: global = micro × world × accumulation
+        self.accum = accumulation_steps(t.global_batch, t.micro_batch, di.world_size)
+        self.tokens_per_step = t.global_batch * cfg.data.seq_len
+        # ---- model: meta → shard (FSDP2) → materialize → one init → compile blocks → optimizer (runtime/build.py)
+        built = build_training_model(cfg, di.device)
+        self.model, self.optimizer, self.precision = built.model, built.optimizer, built.precision
+        self.step_count, self.tokens, self.skipped_steps = 0, 0, 0
+        # The non-finite check lives on the device (runtime/guard.py): a step that does not log reads nothing on the
+        # host. Rebuilt by `resume` at the checkpoint's step.
+        self.guard = NonFiniteGuard(t.on_nonfinite, t.max_consecutive_skips, di.device)
+        # fp64 runs log fp64 losses
+        self.loss_dtype = torch.promote_types(next(self.model.parameters()).dtype, torch.float32)
+        # train.grad_reduce=step: FSDP2 reduce-scatters once per optimizer step, after the last micro-batch's backward
+        self.sync_each = t.grad_reduce == "micro_batch" or self.accum == 1
+        self.run_dir = Path(cfg.log.out_dir) / (cfg.log.run_name or "run")
+        self.ckpt_dir = self.run_dir / "checkpoints"
+
+    @classmethod
+    def for_run(cls, cfg: RunConfig, di: DistInfo) -> "Trainer":
+        """The run `cfg` names: its data (rank 0 prepares it on first use and tells the others how it went), the
+        model, the loader (on the device, pinned and gathered one micro-batch ahead where that pays: CUDA), and the
+        newest complete checkpoint of its run directory, if any."""
+        t = cfg.train
+        seed_everything(t.seed)
+        problem = [None]
+        if di.is_main:
+            try:
+                ensure_prepared(cfg.data)
+            except Exception as e:  # every rank raises it below, so none waits forever in a collective
+                problem = [e]
+        dist.broadcast_object_list(problem, src=0)
+        if problem[0] is not None:
+            raise problem[0]
+        meta = load_meta(cfg.data.dir)
+        cfg = dataclasses.replace(cfg, model=resolve_vocab(cfg, n_vocab=meta.tokenizer["n_vocab"]))
+        accumulation_steps(t.global_batch, t.micro_batch, di.world_size)  # refuse a layout before building anything
+        val_sets = {"val": cfg.data.dir, **{Path(p).name: p for p in cfg.data.val_sets}}  # names checked unique
+        loader = TrainLoader(cfg.data.dir, cfg.data.seq_len, t.micro_batch, di.rank, di.world_size, t.seed,
+                             device=di.device, prefetch=resolve_prefetch(t.loader_prefetch, di.device))
+        try:
+            trainer = cls(cfg, di, loader, val_sets, loader.tokens_per_epoch)
+            if di.is_main:  # auto chooses from the hardware (runtime/precision.py): say what, and why
+                print(trainer.precision.describe())
+            trainer.resume()
+        except BaseException:
+            loader.close()
+            raise
+        planned = t.steps * trainer.tokens_per_step / loader.tokens_per_epoch  # passes over the training data
+        if planned > 1 and di.is_main:
+            more = "a larger source" if meta.holds_whole_source() else "data.max_tokens, a larger source"
+            print(f"warning: {t.steps} steps × {trainer.tokens_per_step:,} tokens read the "
+                  f"{loader.tokens_per_epoch:,} training tokens of {cfg.data.dir} {planned:.2f} times; prepare more "
+                  f"({more}) for a single pass", file=sys.stderr)
+        return trainer
+
+    # ---- the step
+
+    def step(self, metrics: bool = False) -> StepOutput:
+        """One optimizer step over the global batch: `accum` micro-batches per rank (forward with the fused LM head
+        + loss, backward), the global gradient norm and clipping, the losses and batch digests of all ranks reduced
+        on the device, the non-finite guard, the update (a no-op where the guard says so), the MoE balancing
+        bookkeeping. Reads nothing on the host; `metrics` asks the MoE layers for their per-layer numbers too."""
+        cfg, model, di = self.cfg, self.model, self.di
+        lr = lr_at(self.step_count, cfg.train.steps, cfg.optim.lr, cfg.schedule)
+        set_lr(self.optimizer, lr)
+        epochs_before = self.batches.epochs_done
+        sums = torch.zeros(2, device=di.device, dtype=self.loss_dtype)  # (LM loss, MoE aux terms) over the step
+        digest = torch.zeros((), device=di.device, dtype=torch.int64)  # names the step's tokens (data/loader.py)
+        for i in range(self.accum):
+            x, y = self.batches.next_batch()  # (micro, seq_len) int64 each, on the device (an async copy)
+            digest += batch_digest(x)
+            if not self.sync_each:  # accumulate unsharded gradients locally; reduce after the last micro-batch
+                model.set_requires_gradient_sync(i == self.accum - 1)
+            loss = model(x, y, loss_chunk=cfg.train.loss_chunk_tokens)  # fused LM head + loss (model/loss.py)
+            aux = model.aux_loss()  # MoE balancing terms of this forward, already weighted (0 when dense)
+            ((loss + aux) / self.accum).backward()  # every micro-batch has the same token count
+            sums += torch.stack([loss.detach(), aux.detach()]).to(self.loss_dtype) / self.accum
+        grad_norm = clip_grad_norm(model.parameters(), cfg.optim.grad_clip)  # global: the same on every rank
+        # The mean losses of all ranks, on the device (fp64 on the wire): every rank's guard decides alike.
+        # The batch digests ride along: their sum names the global batch (exact in fp64, batch_digest).
+        reduced = torch.cat([sums.double(), digest.double().view(1)])
+        dist.all_reduce(reduced)
+        losses = reduced[:2] / di.world_size
+        found_inf = self.guard.check(losses[0], losses[1], grad_norm)  # 1: no update this step (runtime/guard.py)
+        self.optimizer.step(found_inf=found_inf)
+        self.optimizer.zero_grad(set_to_none=True)
+        # loads of all ranks → balancing bias (gated like the update); per-layer metrics when asked ({} if dense)
+        moe_stats = moe_step_end(model, keep=1 - found_inf, metrics=metrics)
+        repeat = max(1, math.ceil(epochs_before))  # the first epoch boundary this step may have crossed
+        if repeat < self.batches.epochs_done and di.is_main:
+            print(f"warning: step {self.step_count + 1} started epoch {repeat + 1} of the training data: from here on "
+                  "the run reads windows it has read before", file=sys.stderr)
+        self.step_count += 1
+        self.tokens += self.tokens_per_step
+        return StepOutput(losses, grad_norm, reduced[2], found_inf, lr, moe_stats)
+
+    # ---- evaluation and checkpoints
+
+    def evaluate(self) -> dict[str, float]:
+        """Mean loss over the first eval_tokens of each validation stream (the same tokens in every run)."""
+        cfg, model, di = self.cfg, self.model, self.di
+        model.eval()
+        out = {}
+        with torch.no_grad():
+            for name, data_dir in self.val_sets.items():
+                total = torch.zeros(2, dtype=torch.float64, device=di.device)  # (Σ loss · rows, Σ rows)
+                for x, y in val_batches(data_dir, cfg.data.seq_len, cfg.train.micro_batch, di.rank, di.world_size,
+                                        cfg.train.eval_tokens):
+                    x, y = x.to(di.device), y.to(di.device)
+                    rows = total.new_tensor(float(x.shape[0]))  # the last batch may be smaller
+                    total += torch.stack([model(x, y, loss_chunk=cfg.train.loss_chunk_tokens).double() * rows, rows])
+                dist.all_reduce(total)
+                key = "val_loss" if name == "val" else f"val_loss/{name}"
+                out[key] = (total[0] / total[1].clamp_min(1)).item()
+        # No backward follows, so FSDP2 would keep the root (and the last block) gathered in the compute dtype:
+        # free those copies before a checkpoint or telemetry reads the parameters.
+        for m in model.modules():
+            if isinstance(m, FSDPModule):
+                m.reshard()
+        model.train()
+        return out
+
+    def save(self) -> None:
+        """A checkpoint of this step: only after guard.report() found no halt, so a non-finite state is never saved."""
+        loader = self.batches
+        extra = {"step": self.step_count, "tokens": self.tokens, "loader": loader.state_dict(),
+                 "config": self.cfg.to_yaml(), "skipped_steps": self.skipped_steps, "git_commit": git_commit(),
+                 "precision": {"dtype": self.precision.dtype_name, "compile": self.precision.compile}}
+        save_checkpoint(self.ckpt_dir, self.step_count, self.model, self.optimizer, extra, keep=self.cfg.train.keep_ckpts)
+
+    def resume(self) -> None:
+        """Continue from the newest complete checkpoint of the run directory, if there is one: the same command in
+        the same run directory continues the run, on any number of ranks (DCP reshards)."""
+        latest = latest_checkpoint(self.ckpt_dir)
+        if latest is None:
+            return
+        cfg, t, loader = self.cfg, self.cfg.train, self.batches
+        conflicts = resume_conflicts(load_extra(latest)["config"], cfg)
+        if conflicts:
+            raise ConfigError(f"{self.run_dir} holds a run with other settings ({'; '.join(conflicts[:5])}); resuming "
+                              "would mix two experiments. Use another log.run_name, or the original settings.")
+        extra = load_checkpoint(latest, self.model, self.optimizer)  # DCP reshards onto this world size
+        self.step_count, self.tokens = extra["step"], extra["tokens"]
+        self.skipped_steps = extra.get("skipped_steps", 0)
+        self.guard = NonFiniteGuard(t.on_nonfinite, t.max_consecutive_skips, self.di.device, step=self.step_count,
+                                    skipped=self.skipped_steps)
+        loader.load_state_dict(extra["loader"])  # a global position: the same tokens per step on any layout
+        if self.di.is_main:
+            print(f"resumed from {latest} at step {self.step_count}{layout_change(extra['loader'], loader)}"
+                  f"{precision_change(extra, self.precision)}")
+            regrouped = aux_regrouped(cfg, extra["loader"], loader)
+            if regrouped:
+                print(f"warning: {regrouped}", file=sys.stderr)
+
+    # ---- the loop
+
+    def fit(self, stop_at_step: Optional[int] = None) -> dict:
+        """Train to train.steps (or checkpoint and stop after `stop_at_step`, or at a SIGTERM/SIGINT, which finishes
+        the current step first: preemption loses nothing). Returns the final step, tokens, last logged train loss,
+        the run directory and, when the run is complete, its last validation losses."""
+        cfg, t, di = self.cfg, self.cfg.train, self.di
+        logger = RunLogger(self.run_dir, cfg, di.rank, t.steps, start_step=self.step_count)
+        flops_per_token = self.model.flops_per_token(cfg.data.seq_len)
+        peak = peak_flops(di.device)
+        stop = StopConsensus(di)  # every rank stops at the same step
+        loss_value, failed = None, False
+        with _stop_on_signals(stop):
+            try:
+                if self.step_count == 0:
+                    logger.log_eval(0, {"tokens": 0, **scale_telemetry(self.model), **self.evaluate()})
+                window_t0, window_tokens = time.perf_counter(), 0
+                while self.step_count < t.steps:
+                    step = self.step_count + 1
+                    logging_now = step % cfg.log.every == 0 or step == t.steps
+                    out = self.step(metrics=logging_now)
+                    window_tokens += self.tokens_per_step
+                    evaluating = step % t.eval_every == 0 or step == t.steps
+                    stopping = stop.any_rank() or step == stop_at_step  # host values only
+                    saving = step % t.ckpt_every == 0 or step == t.steps or stopping
+                    if not (logging_now or evaluating or saving):
+                        continue  # nothing of this step is read on the host
+                    self._check_guard(step)
+                    if logging_now:
+                        loss_value, aux_value, norm_value, digest_value = torch.cat(
+                            [out.losses, out.grad_norm.double().view(1), out.digest.view(1)]).tolist()
+                        finite = math.isfinite(loss_value + aux_value) and math.isfinite(norm_value)
+                        elapsed = time.perf_counter() - window_t0  # after the read: the device finished the window
+                        tok_per_s = window_tokens / max(elapsed, 1e-9)
+                        moe_record = {"aux_loss": aux_value, **out.moe_stats} if out.moe_stats else {}
+                        logger.log_train(step, {"tokens": self.tokens, "epoch": self.batches.epochs_done,
+                                                "loss": loss_value if finite else None, "lr": out.lr,
+                                                "grad_norm": norm_value if finite else None, "tok_per_s": tok_per_s,
+                                                "mfu": mfu(flops_per_token, tok_per_s, di.world_size, peak),
+                                                "skipped_steps": self.skipped_steps, "world_size": di.world_size,
+                                                "dtype": self.precision.dtype_name, "compile": self.precision.compile,
+                                                "batch_digest": int(digest_value), **moe_record})
+                        window_t0, window_tokens = time.perf_counter(), 0
+                    paused_at = time.perf_counter()  # eval and checkpoint time stays out of tok/s
+                    if evaluating:
+                        logger.log_eval(step, {"tokens": self.tokens, **scale_telemetry(self.model),
+                                               **self.evaluate()})
+                    if saving:
+                        self.save()
+                    window_t0 += time.perf_counter() - paused_at
+                    if stopping:
+                        if di.is_main:
+                            print(f"stopped: checkpointed step {step}; run the same command to resume")
+                        break
+            except BaseException:
+                failed = True
+                raise
+            finally:
+                self.batches.close()
+                logger.close(failed=failed)
+        return {"step": self.step_count, "tokens": self.tokens, "loss": loss_value, "run_dir": str(self.run_dir),
+                **({} if self.step_count < t.steps else {"final": _last_eval(self.run_dir)})}
+
+    def _check_guard(self, step: int) -> None:
+        """Read the guard's device counters (a host read: only on steps that log, evaluate or save). Warns about
+        skipped steps; raises NonFiniteError where the run must stop."""
+        t = self.cfg.train
+        report = self.guard.report()
+        self.skipped_steps = report.skipped
+        if report.new_skips and self.di.is_main:
+            h = report.last_skip
+            print(f"warning: {report.new_skips} step(s) skipped (no update) up to step {step}; the last: "
+                  f"{describe(h)}, {h.streak} in a row", file=sys.stderr)
+        if report.halt is not None:
+            h = report.halt
+            why = "" if t.on_nonfinite == "stop" else (
+                f", {h.streak} in a row (train.max_consecutive_skips={t.max_consecutive_skips})")
+            raise NonFiniteError(f"{describe(h)}{why}; the run stopped before the update (no update since). "
+                                 f"Resume from the last checkpoint in {self.ckpt_dir} with a lower optim.lr or a longer "
+                                 "schedule.warmup_steps.")
+
+
+class _stop_on_signals:
+    """SIGTERM/SIGINT ask every rank to stop at the same step (StopConsensus); a second one acts at once, as usual.
+    Signal handlers can only be set from the main thread: elsewhere (a test's thread) this does nothing."""
+
+    def __init__(self, stop: StopConsensus):
+        self.stop = stop
+        self.previous: dict = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+            for s in self.previous:
+                signal.signal(s, self._request)
+        return self
+
+    def _request(self, signum, _frame):
+        self.stop.requested = True
+        signal.signal(signum, self.previous[signum])
+
+    def __exit__(self, *exc):
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+        return False
+
+
+def accumulation_steps(global_batch: int, micro_batch: int, world_size: int) -> int:
+    """Micro-batches per rank per optimizer step: global_batch = micro_batch × world_size × accumulation. A layout
+    that does not divide is refused with the values that would (a resume may change micro_batch and world size)."""
+    per_step = micro_batch * world_size
+    if global_batch % per_step == 0:
+        return global_batch // per_step
+    if global_batch % world_size:
+        ranks = [n for n in range(1, global_batch + 1) if global_batch % n == 0]
+        fix = (f"no micro_batch fits {world_size} ranks; run on a number of ranks that divides {global_batch} "
+               f"({', '.join(map(str, ranks[:12]))}{', …' if len(ranks) > 12 else ''})")
+    else:
+        fits = [m for m in range(1, global_batch // world_size + 1) if global_batch // world_size % m == 0]
+        fix = f"on {world_size} ranks train.micro_batch may be {', '.join(map(str, fits[:12]))}"
+    raise ConfigError(f"train.global_batch: {global_batch} is not a multiple of micro_batch × world size = "
+                      f"{micro_batch} × {world_size} = {per_step}; {fix} (the global batch is the experiment: "
+                      "keep it to resume a run)")
+
+
+def layout_change(saved: dict, loader) -> str:
+    """The resume message's note when the checkpoint was written with another world size or micro-batch."""
+    before = (saved.get("world_size"), saved.get("micro_batch"))
+    after = (loader.world_size, loader.micro_batch)
+    if before == after:
+        return ""
+    return (f" (written by {before[0]} rank(s) × micro_batch {before[1]}, now {after[0]} × {after[1]}: the model "
+            "and optimizer were resharded, and every step reads the same tokens as before)")
+
+
+def precision_change(saved: dict, precision) -> str:
+    """The resume message's note when `train.dtype: auto` resolved to another dtype where the checkpoint was written
+    (another CPU kind, or a GPU). Allowed: fp32 and bf16 mixed precision both keep fp32 master weights, optimizer
+    state and gradient reduction, so the checkpoint holds the same state either way; the steps from here on round
+    as the new dtype does. (An explicit train.dtype change is refused by resume_conflicts.)"""
+    was = saved.get("precision", {}).get("dtype")
+    if was is None or was == precision.dtype_name:
+        return ""
+    return (f" (trained in {was} until now, {precision.dtype_name} from here on: {precision.reason}; the master weights "
+            "and optimizer state are fp32 in both)")
+
+
+def aux_regrouped(cfg: RunConfig, saved: dict, loader) -> str:
+    """The resume's warning when a MoE's Switch aux loss now balances other groups of the same tokens: it balances
+    each forward's micro_batch × ranks sequences together (model/moe.py), so only a change of that product regroups
+    it. "" when nothing changes."""
+    moe = cfg.model.moe
+    was, now = saved.get("micro_batch", 0) * saved.get("world_size", 0), loader.micro_batch * loader.world_size
+    if moe is None or moe.balance != "aux" or moe.aux_coef == 0 or was == now:
+        return ""
+    return (f"model.moe.balance=aux balances each forward's {now} sequences (micro_batch × ranks; {was} before the "
+            "resume): the aux term now groups the same tokens differently, the tokens of every step do not change")
+
+
+def _last_eval(run_dir: Path) -> dict:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():  # only rank 0 writes it
+        return {}
+    evals = [r for r in map(json.loads, path.read_text().splitlines()) if r.get("kind") == "eval"]
+    return {k: v for k, v in evals[-1].items() if k.startswith("val_loss")} if evals else {}
