@@ -398,14 +398,20 @@ def _set_dotted(raw: dict, key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+@lru_cache(maxsize=None)
+def _fields_of(cls: type) -> tuple[dict[str, Any], list[str]]:
+    """A config dataclass's field types and names: resolving the annotations (typing.get_type_hints) is most of a
+    config load's time, and the classes do not change while the program runs (a results page loads hundreds)."""
+    return typing.get_type_hints(cls), [f.name for f in dataclasses.fields(cls)]
+
+
 def _build(cls: type, raw: Any, prefix: str) -> Any:
     where = prefix.rstrip(".") or "config"
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a mapping, got {type(raw).__name__} {raw!r}")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    hints, names = _fields_of(cls)
     kwargs = {}
     for key, value in raw.items():
         if key not in names:

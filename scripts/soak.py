@@ -80,6 +80,10 @@ class Episode:
     rank_changes: int = 0
     digests_equal: bool = False  # every step trained on the reference's tokens
     max_loss_diff: float = 0.0
+    # Where the rank count changed: the steps last logged before that change (up to the step its launch resumed
+    # from), all run on 2 ranks through the same-rank resumes before it, must match the reference bit for bit
+    same_ranks_steps: int = 0
+    max_loss_diff_same_ranks: float = 0.0
     differing_tensors: int = 0
     max_tensor_rel_diff: float = 0.0  # over the model's tensors
     max_optim_abs_diff: float = 0.0  # over the optimizer state's
@@ -276,6 +280,10 @@ def compare(ref: Path, run: Path, ep: Episode) -> None:
         return
     ep.digests_equal = all(a[s]["batch_digest"] == b[s]["batch_digest"] for s in a)
     ep.max_loss_diff = max(abs(a[s]["loss"] - b[s]["loss"]) for s in a)
+    change = next((k for k in ep.kills if k.kind == "rank-change"), None)
+    before = [s for s in a if change is not None and s <= change.resumed_from]
+    ep.same_ranks_steps = len(before)
+    ep.max_loss_diff_same_ranks = max((abs(a[s]["loss"] - b[s]["loss"]) for s in before), default=0.0)
     sa, sb = final_state(ref), final_state(run)
     ep.tensors = len(sa)
     if sa.keys() != sb.keys():
@@ -287,7 +295,8 @@ def compare(ref: Path, run: Path, ep: Episode) -> None:
     if ep.rank_changes == 0:
         ep.ok = ep.digests_equal and ep.max_loss_diff == 0 and ep.differing_tensors == 0
     else:
-        ep.ok = (ep.digests_equal and ep.max_loss_diff <= LOSS_TOL and ep.max_tensor_rel_diff <= TENSOR_REL_TOL
+        ep.ok = (ep.digests_equal and ep.max_loss_diff_same_ranks == 0 and ep.max_loss_diff <= LOSS_TOL
+                 and ep.max_tensor_rel_diff <= TENSOR_REL_TOL
                  and ep.max_optim_abs_diff <= OPTIM_ABS_TOL)
 
 
@@ -381,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
         # bit-identical episodes (no rank change) and the others, apart: their criteria differ
         "max_loss_diff": max((e.max_loss_diff for e in episodes if not e.rank_changes), default=0.0),
         "max_loss_diff_rank_changed": max((e.max_loss_diff for e in episodes if e.rank_changes), default=0.0),
+        "max_loss_diff_before_rank_change": max((e.max_loss_diff_same_ranks for e in episodes if e.rank_changes),
+                                                default=0.0),
         "max_tensor_rel_diff_rank_changed": max((e.max_tensor_rel_diff for e in episodes if e.rank_changes),
                                                 default=0.0),
         "max_optim_abs_diff_rank_changed": max((e.max_optim_abs_diff for e in episodes if e.rank_changes),

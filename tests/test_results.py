@@ -137,7 +137,22 @@ def test_page_counts_chance_from_its_rows(miniature):
     assert f"with probability {tail:.2g} (binomial)" in text
 
 
-def test_second_invocation_runs_nothing_and_refuses_another_config(miniature, capsys):
+@pytest.fixture
+def figures_not_drawn(monkeypatch):
+    """The page's figures as empty files: the tests that use it check the page's text, the archive and the ledger;
+    the miniature's own invocation draws every figure (test_page_numbers_come_from_the_runs checks them)."""
+    import repro.sections
+
+    def touch(*args, **kwargs):
+        out = Path(args[-1])
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.touch(exist_ok=True)  # a figure drawn before stays as it was
+        return out
+    monkeypatch.setattr(repro.sections, "draw_deltas", touch)
+    monkeypatch.setattr(repro.sections, "plot_law", touch)
+
+
+def test_second_invocation_runs_nothing_and_refuses_another_config(miniature, capsys, figures_not_drawn):
     argv, runs, page, out = miniature
     before = page.read_text()
     assert results.main(argv) == 0
@@ -149,7 +164,7 @@ def test_second_invocation_runs_nothing_and_refuses_another_config(miniature, ca
     assert "optim.weight_decay" in capsys.readouterr().err
 
 
-def test_the_page_comes_back_from_its_archive(miniature, tmp_path, capsys):
+def test_the_page_comes_back_from_its_archive(miniature, tmp_path, capsys, figures_not_drawn):
     """--archive keeps what the page read; --page-only from the archive writes the same page, and an archive is
     never written over a directory that holds anything else."""
     argv, runs, page, out = miniature
