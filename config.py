@@ -22,122 +22,12 @@ import yaml
 
 from data.config import DataConfig
 from model.config import ModelConfig
-
-WeightDecayMode = Literal["all", "iwd", "none", "no_input", "no_output"]
-
+from optim.config import MuonConfig, OptimConfig, ScheduleConfig, WeightDecayMode  # noqa: F401 - composed here
+from runtime.config import (RESUMABLE, ConfigError, LogConfig, TrainConfig, WandbConfig,  # noqa: F401
+                            flat as _flat, resume_conflicts)
 
 # libyaml's parser when PyYAML has it (10× faster; the same safe constructor and resolver, so the same values)
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-class ConfigError(ValueError):
-    """A bad config: names the dotted key, the problem and, for typos, the closest valid key."""
-
-
-@dataclass
-class MuonConfig:
-    momentum: float = 0.95
-    nesterov: bool = True
-    ns_steps: int = 5
-    ns_coefficients: tuple[float, float, float] = (3.4445, -4.7750, 2.0315)  # Keller Jordan / Moonlight
-    # moonlight: update × 0.2·sqrt(max(m, n)) so its RMS matches AdamW's (docs/paper.md §3.2);
-    # jordan: update × sqrt(max(1, m/n)) as in Keller Jordan's Muon.
-    update_scale: Literal["moonlight", "jordan"] = "moonlight"
-    eps: float = 1e-7
-    # Newton–Schulz precision: bf16 as Keller Jordan / Moonlight; float32 or float64 for reference runs (bf16 rounding
-    # makes runs that differ only in fp32 summation order, e.g. 1 vs 2 ranks, drift apart by ~1e-4 in loss).
-    ns_dtype: Literal["bfloat16", "float32", "float64"] = "bfloat16"
-    # Under FSDP2, each matrix's Newton–Schulz runs on one owner rank and the rows go back by all-to-all
-    # (optim/muon_dist.py) instead of every rank gathering and orthogonalizing every matrix; the same numbers
-    # (tests/test_optim_dist.py).
-    distributed: bool = True
-
-
-@dataclass
-class OptimConfig:
-    name: Literal["adamw", "muon"] = "adamw"
-    lr: float = 4e-3  # peak lr; the schedule scales it
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
-    weight_decay: float = 0.1
-    # Which scale vectors decay (docs/paper.md §1.7, Fig. 3): all | iwd (Input-Norm yes, Output-Norm no) | none |
-    # no_input | no_output (= iwd). Every other parameter decays by `weight_decay`.
-    scale_weight_decay: WeightDecayMode = "all"
-    # Under OR/ER a decayed vector decays its scalar β; set true to decay α as well (docs/paper.md §1.7 leaves it open).
-    # Note: under OR, β → 0 pulls γ = β·Norm(α) toward 0 like direct decay; under ER, β → 0 pulls the scale e^β
-    # toward 1, so ER's "decay" is a pull toward γ = 1, not toward 0.
-    scale_wd_alpha: bool = False
-    grad_clip: float = 1.0  # global gradient-norm clip; 0 disables
-    muon: MuonConfig = field(default_factory=MuonConfig)
-
-
-@dataclass
-class ScheduleConfig:
-    name: Literal["cosine", "wsd"] = "cosine"
-    warmup_steps: int = 0
-    min_lr_ratio: float = 0.05  # cosine ends at lr × min_lr_ratio (1/20, docs/paper.md §3.1)
-    decay_frac: float = 0.2  # wsd: the last 20 % of steps decay (docs/paper.md §3.3)
-    decay_shape: Literal["linear", "cosine", "sqrt"] = "linear"  # wsd decay shape, to 0
-
-
-@dataclass
-class TrainConfig:
-    steps: int = 1000
-    global_batch: int = 32  # sequences per optimizer step, across all ranks and accumulation
-    micro_batch: int = 8  # sequences per forward per rank
-    eval_every: int = 200
-    eval_tokens: int = 262144  # tokens of each validation stream per evaluation
-    ckpt_every: int = 1000
-    keep_ckpts: int = 2
-    seed: int = 0
-    # Chosen from the hardware (runtime/precision.py). compile auto: on CUDA, and on CPU in bf16 (where it pays).
-    # dtype auto: bf16 mixed precision on CUDA and on a CPU with bf16 arithmetic (AMX, AVX512-BF16), else fp32;
-    # float64 runs everything in double (reference tests).
-    compile: Literal["auto", True, False] = "auto"
-    dtype: Literal["auto", "float32", "bfloat16", "float64"] = "auto"
-    # A step whose loss or gradient norm is NaN/inf: stop (before any checkpoint sees that state) | skip (no update on
-    # any rank, optimizer state untouched, counted as `skipped_steps` in metrics.jsonl; the run still stops after
-    # max_consecutive_skips of them in a row: a diverged run does not skip its way to the end)
-    on_nonfinite: Literal["stop", "skip"] = "stop"
-    max_consecutive_skips: int = 5
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    # On CPU, keep freed activations in glibc's heap instead of unmapping them every step (runtime/cpu.py): the
-    # same numbers, fewer page faults. Off: the allocator's defaults.
-    cpu_malloc_tuning: bool = True
-    # Recompute block activations in backward instead of keeping them (runtime/parallel.py): none | full (every
-    # block, ≈ one more forward) | selective (keep matmul and attention outputs, recompute the rest). Same numbers.
-    activation_checkpointing: Literal["none", "full", "selective"] = "none"
-    # FSDP2, per block: auto (every block but the last frees its gathered parameters after forward) | true | false
-    # (keep them gathered until backward: fewer all-gathers, more memory). Same numbers.
-    reshard_after_forward: Literal["auto", True, False] = "auto"
-    fsdp_prefetch: int = 0  # blocks whose all-gathers a block issues explicitly ahead; 0: FSDP2's implicit prefetch
-    # The fused LM head + loss (model/loss.py) runs over chunks of this many tokens, so the (tokens, vocab) fp32
-    # logits of a whole micro-batch never exist at once; 0 = the plain path (full logits, then cross-entropy).
-    # None (auto): by device — 1024 on CPU; on CUDA the fewest equal chunks within a 4 GiB budget for a chunk's fp32
-    # logits and their gradient (a 0.12B micro-batch at V = 50,304: 4 × 8192): model/loss.py, default_chunk_tokens.
-    loss_chunk_tokens: Optional[int] = None
-    # Under gradient accumulation, FSDP2 reduce-scatters the gradients once per optimizer step (step: every micro-batch
-    # but the last accumulates unsharded gradients locally) or after every micro-batch (micro_batch: less memory).
-    grad_reduce: Literal["step", "micro_batch"] = "step"
-    # The loader gathers the next micro-batch in a background thread into pinned host memory while the current one
-    # trains: auto (on with CUDA, off on CPU, where the thread competes with the step for the cores) | true | false.
-    loader_prefetch: Literal["auto", True, False] = "auto"
-
-
-@dataclass
-class WandbConfig:
-    mode: Literal["auto", "online", "offline", "disabled"] = "auto"
-    project: str = "scalevec"
-    group: Optional[str] = None
-    tags: list[str] = field(default_factory=list)
-
-
-@dataclass
-class LogConfig:
-    out_dir: str = "runs"
-    run_name: Optional[str] = None  # None: derived from the config file name
-    every: int = 10  # steps between train records in metrics.jsonl
-    wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
 @dataclass
@@ -147,61 +37,20 @@ class RunConfig:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    log: LogConfig = field(default_factory=LogConfig)
+    log: LogConfig = field(default_factory=LogConfig, metadata=RESUMABLE)  # where and how often a run logs
 
     def invariants(self) -> list[tuple[str, str]]:
-        bad = [(f"model.{k}", p) for k, p in self.model.invariants()]
-        bad += [(f"data.{k}", p) for k, p in self.data.invariants()]
-        t = self.train
-        for key in ("steps", "global_batch", "micro_batch", "eval_every", "eval_tokens", "ckpt_every", "keep_ckpts",
-                    "max_consecutive_skips"):
-            if getattr(t, key) <= 0:
-                bad.append((f"train.{key}", "must be positive"))
-        if not 0 <= t.seed < 2**32:  # numpy's seeding range (the data order and init draw from it)
-            bad.append(("train.seed", f"{t.seed} must lie in [0, 2**32)"))
-        if t.loss_chunk_tokens is not None and t.loss_chunk_tokens < 0:
-            bad.append(("train.loss_chunk_tokens", "must be ≥ 0 (0 = the plain, unfused LM head + loss; null = by "
-                                                   "device)"))
-        if not (t.loader_prefetch == "auto" or isinstance(t.loader_prefetch, bool)):
-            bad.append(("train.loader_prefetch", f"{t.loader_prefetch!r} must be auto, true or false"))
-        if not (t.compile == "auto" or isinstance(t.compile, bool)):
-            bad.append(("train.compile", f"{t.compile!r} must be auto, true or false"))
-        if not (t.reshard_after_forward == "auto" or isinstance(t.reshard_after_forward, bool)):
-            bad.append(("train.reshard_after_forward", f"{t.reshard_after_forward!r} must be auto, true or false"))
-        if t.fsdp_prefetch < 0:
-            bad.append(("train.fsdp_prefetch", f"{t.fsdp_prefetch} must be ≥ 0 (0: FSDP2's implicit prefetch)"))
-        if t.micro_batch > 0 and t.global_batch % t.micro_batch:
-            bad.append(("train.global_batch", f"{t.global_batch} is not a multiple of micro_batch={t.micro_batch}"))
-        o, s = self.optim, self.schedule
-        if not (math.isfinite(o.lr) and o.lr > 0):
-            bad.append(("optim.lr", f"{o.lr} must be a positive finite number"))
-        if o.weight_decay < 0:
-            bad.append(("optim.weight_decay", f"{o.weight_decay} must be ≥ 0"))
-        if o.grad_clip < 0:
-            bad.append(("optim.grad_clip", f"{o.grad_clip} must be ≥ 0 (0 disables clipping)"))
-        if o.eps <= 0:
-            bad.append(("optim.eps", f"{o.eps} must be positive"))
-        if o.muon.eps <= 0:
-            bad.append(("optim.muon.eps", f"{o.muon.eps} must be positive"))
-        if not all(0 <= b < 1 for b in o.betas):
-            bad.append(("optim.betas", f"{o.betas} must lie in [0, 1)"))
-        if not 0 <= o.muon.momentum < 1:
-            bad.append(("optim.muon.momentum", f"{o.muon.momentum} must lie in [0, 1)"))
-        if not 0 < o.muon.ns_steps < 100:
-            bad.append(("optim.muon.ns_steps", f"{o.muon.ns_steps} must lie in [1, 99]"))
-        if self.log.every <= 0:
-            bad.append(("log.every", f"{self.log.every} must be positive"))
+        """Each section's own invariants under its prefix, then the ones that span sections."""
+        bad = [(f"{name}.{k}", p) for name in ("model", "data", "train", "optim", "log")
+               for k, p in getattr(self, name).invariants()]
         names = [Path(p).name for p in self.data.val_sets]
         if "val" in names or len(set(names)) != len(names):
             bad.append(("data.val_sets", f"folder names {names} must be unique and not 'val' (they name the "
                                          "val_loss/<name> metrics)"))
+        s, t = self.schedule, self.train
         if not 0 <= s.warmup_steps < t.steps:
             bad.append(("schedule.warmup_steps", f"{s.warmup_steps} must lie in [0, train.steps={t.steps})"))
-        if not 0 <= s.min_lr_ratio <= 1:
-            bad.append(("schedule.min_lr_ratio", "must lie in [0, 1]"))
-        if not 0 < s.decay_frac <= 1:
-            bad.append(("schedule.decay_frac", "must lie in (0, 1]"))
-        return bad
+        return bad + [(f"schedule.{k}", p) for k, p in s.invariants()]
 
     def to_dict(self) -> dict:
         return _plain(dataclasses.asdict(self))
@@ -223,10 +72,7 @@ def resolve_vocab(cfg: RunConfig, n_vocab: Optional[int] = None) -> ModelConfig:
     """The model config with vocab_size filled in: as set, else the tokenizer's n_vocab rounded up to
     model.vocab_multiple (GPT-2: 50,257 → 50,304). `n_vocab` (known from the prepared data) skips loading the
     tokenizer; when given, a set vocab_size smaller than it is an error."""
-    if cfg.model.vocab_size is not None:
-        if n_vocab is not None and cfg.model.vocab_size < n_vocab:
-            raise ConfigError(f"model.vocab_size: {cfg.model.vocab_size} is smaller than the tokenizer's {n_vocab} "
-                              f"tokens ({cfg.data.tokenizer!r}); set it to null to derive it")
+    if cfg.model.vocab_size is not None and n_vocab is None:
         return cfg.model
     trained = re.fullmatch(r"bpe:(\d+)", cfg.data.tokenizer)
     if n_vocab is None and trained:  # a trained BPE's size is in its spec: no need for the prepared data
@@ -234,46 +80,10 @@ def resolve_vocab(cfg: RunConfig, n_vocab: Optional[int] = None) -> ModelConfig:
     if n_vocab is None:
         from data.tokenizer import load_tokenizer  # lazy: reading ranks is slow
         n_vocab = load_tokenizer(cfg.data.tokenizer, cfg.data.dir).n_vocab
-    m = cfg.model.vocab_multiple
-    return dataclasses.replace(cfg.model, vocab_size=-(-n_vocab // m) * m)
-
-
-# Keys a resumed run may change: where and how often it logs, evaluates and checkpoints, and how it runs.
-RESUMABLE_CHANGES = ("log.", "train.eval_every", "train.eval_tokens", "train.ckpt_every", "train.keep_ckpts",
-                     "train.on_nonfinite", "train.max_consecutive_skips",
-                     "train.compile", "train.cpu_malloc_tuning", "train.loss_chunk_tokens",
-                     "train.grad_reduce", "train.loader_prefetch",
-                     # the layout: the loader's position is global (data/loader.py), DCP reshards the rest
-                     "train.micro_batch",
-                     # a cap is checked against the prepared dir by what it keeps (data.prepare.caps_agree), and the
-                     # loader refuses a dir whose tokens differ from the checkpoint's (its fingerprint)
-                     "data.max_tokens",
-                     "train.activation_checkpointing", "train.reshard_after_forward", "train.fsdp_prefetch",
-                     "optim.muon.distributed", "data.val_sets",
-                     # storage only: the checkpoint loader moves the logical FFN weights across any padding
-                     "model.ffn_pad_multiple", "model.moe.pad_multiple")
-
-
-def resume_conflicts(saved_yaml: str, cfg: RunConfig) -> list[str]:
-    """Dotted keys whose value differs between a checkpoint's config and `cfg`, other than RESUMABLE_CHANGES:
-    resuming across such a change would silently continue a different experiment. A key the checkpoint's config
-    lacks (written before the key existed) counts as its default, which is what that run used."""
-    defaults = _flat(RunConfig().to_dict())
-    saved = {**defaults, **_flat(yaml.safe_load(saved_yaml))}
-    current = _flat(cfg.to_dict())
-    keys = sorted(set(saved) | set(current))
-    return [f"{k}: {saved.get(k)!r} in the checkpoint, {current.get(k)!r} now" for k in keys
-            if saved.get(k) != current.get(k) and not k.startswith(RESUMABLE_CHANGES)]
-
-
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
+    try:
+        return cfg.model.with_vocab(n_vocab, cfg.data.tokenizer)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def default_run_name(config_paths: list, overrides: list[str]) -> str:

@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from config import ConfigError, default_run_name, load_config, resolve_vocab
+from config import ConfigError, default_run_name, load_config, resolve_vocab, run_tags
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "tiny_cpu.yaml"
 
@@ -29,6 +29,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("--dry-run", action="store_true", help="build the model, print its parameter breakdown, exit")
     p.add_argument("--print-run-dir", action="store_true", help="print the run directory this command uses and exit")
+    p.add_argument("--prepare-only", action="store_true",
+                   help="prepare the config's data (data.source → data.dir, as a run does on first use) and exit")
     p.add_argument("--stop-at-step", type=int, metavar="K",
                    help="checkpoint and exit after step K (the schedule still spans train.steps); "
                         "run the same command again to continue")
@@ -53,6 +55,10 @@ def main(argv: Optional[list[str]] = None) -> dict:
         with torch.device("meta"):
             print(format_breakdown(Llama(resolve_vocab(cfg)), cfg.data.seq_len))
         return {}
+    if args.prepare_only:  # the data only: no model, no process group
+        from data.prepare import prepare
+        print(f"prepared {prepare(cfg.data)}")  # a finished dir with the same settings is kept as it is
+        return {}
     run_name = cfg.log.run_name or default_run_name(config_paths, args.overrides)
     cfg = dataclasses.replace(cfg, log=dataclasses.replace(cfg.log, run_name=run_name))
     if args.print_run_dir:
@@ -71,7 +77,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
         # ---- data → model → loader → resume from the newest complete checkpoint (runtime/trainer.py)
         trainer = Trainer.for_run(cfg, dist_info)
         # ---- the loop: step → log → evaluate → checkpoint; a SIGTERM/SIGINT finishes the step, checkpoints, exits
-        result = trainer.fit(stop_at_step=args.stop_at_step)
+        result = trainer.fit(stop_at_step=args.stop_at_step, wandb_tags=run_tags(cfg))  # strategy, optimizer, lr…
         clean = True
         return result
     finally:

@@ -22,7 +22,8 @@ class DataConfig:
     # the train split at prepare time and stored in `dir`) | a path to a tiktoken-format ranks file
     tokenizer: str = "gpt2"
     seq_len: int = 1024
-    val_sets: list[str] = field(default_factory=list)  # extra eval-only sets: prepared data dirs
+    # extra eval-only sets: prepared data dirs (resumable: a resumed run may evaluate on more or other sets)
+    val_sets: list[str] = field(default_factory=list, metadata={"resumable": True})
     # Fraction of documents held out for validation, chosen by a hash of each document's text (so the split is
     # the same on every machine and duplicates of a document land on the same side).
     val_frac: float = 0.02
@@ -30,7 +31,10 @@ class DataConfig:
     # What one document is in a .txt source: the whole file, each blank-line-separated paragraph, or each line.
     # A single huge .txt file wants "paragraph": one document is read into memory and tokenized by one thread.
     txt_document: Literal["file", "paragraph", "line"] = "file"
-    max_tokens: Optional[int] = None  # stop after this many train tokens (a streamed Hub dataset has no end)
+    # Stop after this many train tokens (a streamed Hub dataset has no end). Resumable: a cap is checked against the
+    # prepared dir by what it keeps (data.prepare.caps_agree), and the loader refuses a dir whose tokens differ from
+    # the checkpoint's (its fingerprint)
+    max_tokens: Optional[int] = field(default=None, metadata={"resumable": True})
 
     def invariants(self) -> list[tuple[str, str]]:
         bad = []

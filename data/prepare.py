@@ -301,7 +301,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m data.prepare", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
-    p.add_argument("--config", help="a run config: prepare its data section (the CLI flags below override it)")
     p.add_argument("--source", help="builtin:pd_english | hf:ORG/NAME[:SUBSET] | a file or folder")
     p.add_argument("--out", help="output data dir")
     p.add_argument("--tokenizer", help="gpt2 | r50k_base | cl100k_base | o200k_base | bpe:N | ranks-file path")
@@ -317,14 +316,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--force", action="store_true", help="redo a finished dir even if its settings differ")
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     a = p.parse_args(argv)
-    cfg = DataConfig()
-    if a.config:
-        from config import load_config  # the run-config loader lives at the repo root
-
-        try:
-            cfg = load_config(a.config).data
-        except ValueError as e:  # ConfigError
-            p.error(str(e))
+    cfg = DataConfig()  # a run config's data: `python train.py --config C --prepare-only`
     for key in ("source", "tokenizer", "val_frac", "text_column", "txt_document"):
         if getattr(a, key) is not None:
             cfg = replace(cfg, **{key: getattr(a, key)})
@@ -335,10 +327,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         cfg = replace(cfg, max_tokens=int(a.max_tokens))
     if a.out:
         cfg = replace(cfg, dir=a.out)
-    elif not a.config:
-        p.error("--out is required (or --config, whose data.dir is used)")
-    if a.source is None and not a.config:
-        p.error("--source is required (or --config, whose data.source is used)")
+    else:
+        p.error("--out is required (a run config's data: python train.py --config C --prepare-only)")
+    if a.source is None:
+        p.error("--source is required (a run config's data: python train.py --config C --prepare-only)")
     bad = cfg.invariants()
     if Path(cfg.dir).exists() and not Path(cfg.dir).is_dir():
         bad.append(("--out" if a.out else "data.dir", f"{cfg.dir} is a file; name a folder for the shards"))

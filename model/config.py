@@ -4,6 +4,7 @@ Pure data: no torch imports, so config loading stays cheap and the training side
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 from typing import Literal, Optional
@@ -83,7 +84,7 @@ class MoEConfig:
     z_coef: float = 0.0  # router z-loss, mean (logsumexp logits)² (ST-MoE) [U: off]
     # Routed hidden zero-padded to a multiple of this; None: model.ffn_pad_multiple, like every FFN. Configs written
     # before that key existed say 8 here (the grouped GEMM's 16-byte bf16 strides), which keeps meaning 8.
-    pad_multiple: Optional[int] = None
+    pad_multiple: Optional[int] = field(default=None, metadata={"resumable": True})  # storage only, as below
     impl: ExpertImpl = "auto"  # auto: grouped GEMM on CUDA in bf16, else the exact per-expert loop
 
     def expert_dim(self, d_model: int) -> int:
@@ -132,8 +133,9 @@ class ModelConfig:
     # Storage only: every FFN hidden size (the dense MLP, the MoE's shared and routed experts) is zero-padded to a
     # multiple of this, so bf16 rows stay 128-byte aligned (int(8d/3) = 2730 at d 1024 is not even 16-byte aligned,
     # and cuBLAS then leaves its fastest kernels). The padding is exact zeros that no gradient reaches; parameter
-    # counts, FLOPs, init and export use the logical size. 1: no padding. Checkpoints load across any value.
-    ffn_pad_multiple: int = 64
+    # counts, FLOPs, init and export use the logical size. 1: no padding. Checkpoints load across any value, so a
+    # resume may change it.
+    ffn_pad_multiple: int = field(default=64, metadata={"resumable": True})
 
     @property
     def head_dim(self) -> int:
@@ -160,6 +162,17 @@ class ModelConfig:
         if self.vocab_size is None:
             raise ValueError("model.vocab_size is unresolved; resolve it from the tokenizer first")
         return self.vocab_size
+
+    def with_vocab(self, n_vocab: int, tokenizer: str = "the tokenizer") -> "ModelConfig":
+        """This config with vocab_size filled in for a tokenizer of `n_vocab` tokens: as set (which must hold them
+        all), else n_vocab rounded up to vocab_multiple (GPT-2: 50,257 → 50,304). A ValueError names the key."""
+        if self.vocab_size is not None:
+            if self.vocab_size < n_vocab:
+                raise ValueError(f"model.vocab_size: {self.vocab_size} is smaller than the tokenizer's {n_vocab} "
+                                 f"tokens ({tokenizer!r}); set it to null to derive it")
+            return self
+        m = self.vocab_multiple
+        return dataclasses.replace(self, vocab_size=-(-n_vocab // m) * m)
 
     def invariants(self) -> list[tuple[str, str]]:
         """(dotted key, problem) for every violated invariant; config.py turns these into ConfigErrors."""

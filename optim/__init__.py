@@ -23,7 +23,7 @@ from optim.muon import Muon, zeropower_via_newtonschulz
 from optim.schedule import lr_at
 
 if TYPE_CHECKING:
-    from config import OptimConfig
+    from optim.config import OptimConfig
 
 __all__ = [
     "HybridOptimizer", "Muon", "build_optimizer", "clip_grad_norm", "decays", "grad_norm", "group_summary",

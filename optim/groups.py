@@ -14,7 +14,7 @@ import torch
 from model.config import Role
 
 if TYPE_CHECKING:
-    from config import OptimConfig
+    from optim.config import OptimConfig
 
 SCALE_ROLES = frozenset({Role.SCALE_INPUT.value, Role.SCALE_OUTPUT.value})
 # Muon takes the 2-D weights inside the blocks (and, once the MoE model exists, its stacked 3-D expert weights,

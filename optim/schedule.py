@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # config.py imports model/ and data/; the schedule itself needs none of it at run time
-    from config import ScheduleConfig
+if TYPE_CHECKING:
+    from optim.config import ScheduleConfig
 
 
 def warmup_factor(step: int, warmup_steps: int) -> float:

@@ -1,21 +1,24 @@
 """The one place a training model is built: meta → activation checkpointing → FSDP2 shard → materialize → init →
 compile → optimizer.
 
-`train.py`, `scripts/bench.py` and `scripts/gpu_check.sh` (through the bench) all call `build_training_model`, so a
-speed path added for training is the path the benchmark measures.
+`train.py`, the benchmark (`runtime/benchmark.py`) and `harness/gpu_check.sh` (through the bench) all call
+`build_training_model`, so a speed path added for training is the path the benchmark measures.
 """
 from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from config import RunConfig
 from model.llama import Llama
 from optim import HybridOptimizer, build_optimizer
 from runtime.parallel import apply_activation_checkpointing, compile_checkpointed_state, shard_model
 from runtime.precision import Precision, resolve_precision
+
+if TYPE_CHECKING:  # the type only: the root config.py composes the sections, nothing below imports it
+    from config import RunConfig
 
 
 @dataclass

@@ -167,8 +167,11 @@ class RunLogger:
     """metrics.jsonl + console + wandb for one run. Safe to construct on every rank: only rank 0 acts."""
 
     def __init__(self, run_dir: Path, cfg: RunConfig, rank: int, total_steps: int, start_step: int = 0,
-                 disable_wandb: bool = False) -> None:
+                 disable_wandb: bool = False, tags: Optional[list[str]] = None) -> None:
+        """`tags`: the wandb run's tags (default: log.wandb.tags; train.py adds what sets the run apart,
+        config.run_tags)."""
         self.run_dir = Path(run_dir)
+        self.tags = list(cfg.log.wandb.tags if tags is None else tags)
         self.active = rank == 0
         self.total_steps = total_steps
         self.start_step = start_step
@@ -282,9 +285,8 @@ class RunLogger:
         try:
             import wandb
 
-            from config import run_tags
             self._wandb = wandb.init(
-                project=w.project, group=w.group, tags=run_tags(cfg),
+                project=w.project, group=w.group, tags=self.tags,
                 name=cfg.log.run_name or self.run_dir.name, dir=str(self.run_dir), id=wandb_run_id(self.run_dir),
                 resume="allow", mode=mode, config=cfg.to_dict(),
             )

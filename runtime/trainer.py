@@ -17,26 +17,29 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Optional, Protocol
+from typing import TYPE_CHECKING, Optional, Protocol
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
-from config import ConfigError, RunConfig, resolve_vocab, resume_conflicts
 from data.loader import TrainLoader, batch_digest, resolve_prefetch, val_batches
 from data.prepare import ensure_prepared
 from data.shards import load_meta
 from optim import clip_grad_norm, lr_at, set_lr
 from runtime.build import build_training_model
 from runtime.checkpoint import latest_checkpoint, load_checkpoint, load_extra, save_checkpoint
+from runtime.config import ConfigError, resume_conflicts
 from runtime.dist import DistInfo, StopConsensus
 from runtime.guard import NonFiniteGuard, describe
 from runtime.logging import RunLogger, git_commit
 from runtime.metrics import mfu, peak_flops
 from runtime.moe import moe_step_end
 from runtime.telemetry import scale_telemetry
+
+if TYPE_CHECKING:  # the type only: the root config.py composes the sections, nothing below imports it
+    from config import RunConfig
 
 
 class NonFiniteError(RuntimeError):
@@ -89,7 +92,7 @@ def seed_everything(seed: int) -> None:
 
 
 class Trainer:
-    """A built run. `cfg.model.vocab_size` must be resolved (config.resolve_vocab); `val_sets` names the validation
+    """A built run. `cfg.model.vocab_size` must be resolved (ModelConfig.with_vocab); `val_sets` names the validation
     streams `evaluate` reads ({} for none)."""
 
     def __init__(self, cfg: RunConfig, di: DistInfo, batches: Batches, val_sets: Optional[dict[str, str]] = None,
@@ -132,7 +135,11 @@ class Trainer:
         if problem[0] is not None:
             raise problem[0]
         meta = load_meta(cfg.data.dir)
-        cfg = dataclasses.replace(cfg, model=resolve_vocab(cfg, n_vocab=meta.tokenizer["n_vocab"]))
+        try:  # the model's vocabulary from the prepared data's tokenizer
+            model = cfg.model.with_vocab(meta.tokenizer["n_vocab"], cfg.data.tokenizer)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        cfg = dataclasses.replace(cfg, model=model)
         accumulation_steps(t.global_batch, t.micro_batch, di.world_size)  # refuse a layout before building anything
         val_sets = {"val": cfg.data.dir, **{Path(p).name: p for p in cfg.data.val_sets}}  # names checked unique
         loader = TrainLoader(cfg.data.dir, cfg.data.seq_len, t.micro_batch, di.rank, di.world_size, t.seed,
@@ -254,12 +261,13 @@ class Trainer:
 
     # ---- the loop
 
-    def fit(self, stop_at_step: Optional[int] = None) -> dict:
+    def fit(self, stop_at_step: Optional[int] = None, wandb_tags: Optional[list[str]] = None) -> dict:
         """Train to train.steps (or checkpoint and stop after `stop_at_step`, or at a SIGTERM/SIGINT, which finishes
         the current step first: preemption loses nothing). Returns the final step, tokens, last logged train loss,
-        the run directory and, when the run is complete, its last validation losses."""
+        the run directory and, when the run is complete, its last validation losses. `wandb_tags`: the wandb run's
+        tags (default: log.wandb.tags)."""
         cfg, t, di = self.cfg, self.cfg.train, self.di
-        logger = RunLogger(self.run_dir, cfg, di.rank, t.steps, start_step=self.step_count)
+        logger = RunLogger(self.run_dir, cfg, di.rank, t.steps, start_step=self.step_count, tags=wandb_tags)
         flops_per_token = self.model.flops_per_token(cfg.data.seq_len)
         peak = peak_flops(di.device)
         stop = StopConsensus(di)  # every rank stops at the same step

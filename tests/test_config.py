@@ -121,6 +121,29 @@ def test_resume_treats_keys_added_later_as_their_defaults():
                for c in resume_conflicts(yaml.safe_dump(saved), moe))
 
 
+
+def test_which_keys_a_resume_may_change_is_stated_on_the_fields():
+    """Each section marks its own resumable fields (metadata RESUMABLE); a marked section (log) covers every key in
+    it. A marked key may change on resume, an unmarked one is a conflict, in every section."""
+    from dataclasses import replace
+
+    from config import RunConfig, resume_conflicts
+    from runtime.config import resumable_keys
+    keys = resumable_keys(RunConfig)
+    assert "log." in keys and "train.micro_batch" in keys and "model.ffn_pad_multiple" in keys
+    assert "model.moe.pad_multiple" in keys and "optim.muon.distributed" in keys and "data.max_tokens" in keys
+    assert not {"train.dtype", "train.seed", "train.global_batch", "optim.lr", "data.seq_len"} & set(keys)
+    cfg = load_config(ROOT / "configs/tiny_cpu.yaml")
+    saved = cfg.to_yaml()
+    allowed = replace(cfg, train=replace(cfg.train, micro_batch=4, eval_every=7), log=replace(
+        cfg.log, every=3, wandb=replace(cfg.log.wandb, project="other")),
+        model=replace(cfg.model, ffn_pad_multiple=8), data=replace(cfg.data, max_tokens=10**6))
+    assert resume_conflicts(saved, allowed) == []
+    refused = replace(cfg, train=replace(cfg.train, dtype="float64"), optim=replace(
+        cfg.optim, muon=replace(cfg.optim.muon, ns_steps=3)), schedule=replace(cfg.schedule, warmup_steps=5))
+    assert [c.split(":")[0] for c in resume_conflicts(saved, refused)] == [
+        "optim.muon.ns_steps", "schedule.warmup_steps", "train.dtype"]
+
 def test_presets_state_their_whole_strategy_over_every_base():
     """A preset layered over any shipped config resolves to the same strategy as over base.yaml: a base config's
     own scale settings (tiny_cpu's unified IWD, say) never leak into a preset."""

@@ -214,6 +214,24 @@ def test_cli_and_config_errors(tmp_path, capsys):
     assert build_config({"data": {"max_tokens": "1e9"}}).data.max_tokens == 10**9
 
 
+def test_a_run_configs_data_is_prepared_by_train_py(tmp_path, capsys):
+    """`python train.py --config C --prepare-only` prepares the config's data section (any source, not only the
+    built-in corpus a run prepares on first use) and exits before any model or process group; data.prepare's own
+    CLI takes explicit flags and points there for a run config."""
+    import train
+    write_docs(tmp_path / "docs", 12)
+    out = tmp_path / "prepared"
+    argv = ["--config", "configs/base.yaml", f"data.source={tmp_path / 'docs'}", f"data.dir={out}",
+            "data.tokenizer=bpe:300", "data.val_frac=0.2", "--prepare-only"]
+    assert train.main(argv) == {} and (out / "meta.json").is_file()
+    assert f"prepared {out}" in capsys.readouterr().out
+    assert load_meta(out).tokenizer["spec"] == "bpe:300"
+    assert train.main(argv) == {}  # a finished dir with the same settings is kept
+    with pytest.raises(SystemExit):
+        main(["--source", str(tmp_path / "docs")])
+    assert "python train.py --config C --prepare-only" in capsys.readouterr().err
+
+
 def test_missing_corpus_packages_name_the_install_command():
     from data.builtin import BuiltinCorpusError, _package_dir, builtin_documents
 

@@ -199,14 +199,15 @@ def test_wandb_failures_never_stop_training(tmp_path: Path, monkeypatch: pytest.
 
 
 def test_wandb_init_arguments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from config import run_tags
     calls: list[dict] = []
     run = _FakeRun(fail_log=False)
     _fake_wandb(monkeypatch, lambda **kw: calls.append(kw) or run)
     cfg = _cfg("auto")
     cfg.log.wandb.group, cfg.log.wandb.tags = "sweep1", ["a", "b"]
     for start in (0, 2):  # a second construction = a resume: the same id
-        with RunLogger(tmp_path, cfg, rank=0, total_steps=3, start_step=start) as log:
-            log.log_train(start + 1, _train(start + 1))
+        with RunLogger(tmp_path, cfg, rank=0, total_steps=3, start_step=start, tags=run_tags(cfg)) as log:
+            log.log_train(start + 1, _train(start + 1))  # train.py passes config.run_tags(cfg)
     first, second = calls
     assert first["mode"] == "offline" and first["resume"] == "allow" and first["dir"] == str(tmp_path)
     assert (first["project"], first["group"], first["name"]) == ("scalevec", "sweep1", "test-run")

@@ -1,0 +1,161 @@
+"""The training run's own config sections (train, log) and the rules every section's fields follow.
+
+The root `config.py` composes these with the model's (model/config.py), the data's (data/config.py) and the
+optimizer's and schedule's (optim/config.py) into a RunConfig and loads it from YAML; nothing here imports it.
+
+Resume. A field whose value a resumed run may change (how often it logs or checkpoints, how it runs: the numbers
+of the experiment stay the same) says so on itself, `field(..., metadata=RESUMABLE)`; on a dataclass-typed field it
+covers the whole section. `resume_conflicts` refuses every other change.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
+
+import yaml
+
+# metadata of a field a resumed run may change (model/, data/ and optim/ spell the same plain dict)
+RESUMABLE = {"resumable": True}
+
+
+class ConfigError(ValueError):
+    """A bad config: names the dotted key, the problem and, for typos, the closest valid key."""
+
+
+def _resumable(default: Any) -> Any:
+    return field(default=default, metadata=RESUMABLE)
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 1000
+    global_batch: int = 32  # sequences per optimizer step, across all ranks and accumulation
+    # sequences per forward per rank. Resumable: the loader's position is global (data/loader.py), DCP reshards the
+    # rest, so a resume may change the layout
+    micro_batch: int = _resumable(8)
+    eval_every: int = _resumable(200)
+    eval_tokens: int = _resumable(262144)  # tokens of each validation stream per evaluation
+    ckpt_every: int = _resumable(1000)
+    keep_ckpts: int = _resumable(2)
+    seed: int = 0
+    # Chosen from the hardware (runtime/precision.py). compile auto: on CUDA, and on CPU in bf16 (where it pays).
+    # dtype auto: bf16 mixed precision on CUDA and on a CPU with bf16 arithmetic (AMX, AVX512-BF16), else fp32;
+    # float64 runs everything in double (reference tests). An explicit dtype change is refused on resume; a change of
+    # what auto resolves to is allowed and said (runtime/trainer.py, precision_change).
+    compile: Literal["auto", True, False] = _resumable("auto")
+    dtype: Literal["auto", "float32", "bfloat16", "float64"] = "auto"
+    # A step whose loss or gradient norm is NaN/inf: stop (before any checkpoint sees that state) | skip (no update on
+    # any rank, optimizer state untouched, counted as `skipped_steps` in metrics.jsonl; the run still stops after
+    # max_consecutive_skips of them in a row: a diverged run does not skip its way to the end)
+    on_nonfinite: Literal["stop", "skip"] = _resumable("stop")
+    max_consecutive_skips: int = _resumable(5)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    # On CPU, keep freed activations in glibc's heap instead of unmapping them every step (runtime/cpu.py): the
+    # same numbers, fewer page faults. Off: the allocator's defaults.
+    cpu_malloc_tuning: bool = _resumable(True)
+    # Recompute block activations in backward instead of keeping them (runtime/parallel.py): none | full (every
+    # block, ≈ one more forward) | selective (keep matmul and attention outputs, recompute the rest). Same numbers.
+    activation_checkpointing: Literal["none", "full", "selective"] = _resumable("none")
+    # FSDP2, per block: auto (every block but the last frees its gathered parameters after forward) | true | false
+    # (keep them gathered until backward: fewer all-gathers, more memory). Same numbers.
+    reshard_after_forward: Literal["auto", True, False] = _resumable("auto")
+    fsdp_prefetch: int = _resumable(0)  # blocks whose all-gathers a block issues ahead; 0: FSDP2's implicit prefetch
+    # The fused LM head + loss (model/loss.py) runs over chunks of this many tokens, so the (tokens, vocab) fp32
+    # logits of a whole micro-batch never exist at once; 0 = the plain path (full logits, then cross-entropy).
+    # None (auto): by device — 1024 on CPU; on CUDA the fewest equal chunks within a 4 GiB budget for a chunk's fp32
+    # logits and their gradient (a 0.12B micro-batch at V = 50,304: 4 × 8192): model/loss.py, default_chunk_tokens.
+    loss_chunk_tokens: Optional[int] = _resumable(None)
+    # Under gradient accumulation, FSDP2 reduce-scatters the gradients once per optimizer step (step: every micro-batch
+    # but the last accumulates unsharded gradients locally) or after every micro-batch (micro_batch: less memory).
+    grad_reduce: Literal["step", "micro_batch"] = _resumable("step")
+    # The loader gathers the next micro-batch in a background thread into pinned host memory while the current one
+    # trains: auto (on with CUDA, off on CPU, where the thread competes with the step for the cores) | true | false.
+    loader_prefetch: Literal["auto", True, False] = _resumable("auto")
+
+    def invariants(self) -> list[tuple[str, str]]:
+        """(key within train., problem) for every violated invariant."""
+        bad = [(key, "must be positive") for key in ("steps", "global_batch", "micro_batch", "eval_every",
+                                                     "eval_tokens", "ckpt_every", "keep_ckpts", "max_consecutive_skips")
+               if getattr(self, key) <= 0]
+        if not 0 <= self.seed < 2**32:  # numpy's seeding range (the data order and init draw from it)
+            bad.append(("seed", f"{self.seed} must lie in [0, 2**32)"))
+        if self.loss_chunk_tokens is not None and self.loss_chunk_tokens < 0:
+            bad.append(("loss_chunk_tokens", "must be ≥ 0 (0 = the plain, unfused LM head + loss; null = by device)"))
+        for key in ("loader_prefetch", "compile", "reshard_after_forward"):
+            value = getattr(self, key)
+            if not (value == "auto" or isinstance(value, bool)):
+                bad.append((key, f"{value!r} must be auto, true or false"))
+        if self.fsdp_prefetch < 0:
+            bad.append(("fsdp_prefetch", f"{self.fsdp_prefetch} must be ≥ 0 (0: FSDP2's implicit prefetch)"))
+        if self.micro_batch > 0 and self.global_batch % self.micro_batch:
+            bad.append(("global_batch", f"{self.global_batch} is not a multiple of micro_batch={self.micro_batch}"))
+        return bad
+
+
+@dataclass
+class WandbConfig:
+    mode: Literal["auto", "online", "offline", "disabled"] = "auto"
+    project: str = "scalevec"
+    group: Optional[str] = None
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LogConfig:
+    out_dir: str = "runs"
+    run_name: Optional[str] = None  # None: derived from the config file name
+    every: int = 10  # steps between train records in metrics.jsonl
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+    def invariants(self) -> list[tuple[str, str]]:
+        return [("every", f"{self.every} must be positive")] if self.every <= 0 else []
+
+
+# ----------------------------------------------------------------------------------------------------- resume
+
+def resumable_keys(cls: type, prefix: str = "") -> tuple[str, ...]:
+    """The dotted keys of `cls`'s fields marked RESUMABLE, in its nested config sections too; a marked section is
+    given as its prefix ("log.")."""
+    hints = typing.get_type_hints(cls)  # the annotations are strings (from __future__ import annotations)
+    out: list[str] = []
+    for f in dataclasses.fields(cls):
+        section = _section(hints[f.name])
+        if f.metadata.get("resumable"):
+            out.append(f"{prefix}{f.name}." if section is not None else f"{prefix}{f.name}")
+        elif section is not None:
+            out.extend(resumable_keys(section, f"{prefix}{f.name}."))
+    return tuple(out)
+
+
+def _section(tp: Any) -> Optional[type]:
+    """The config dataclass a field holds (Optional[X] → X), or None for a plain value."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)] or [tp]
+    return next((a for a in args if dataclasses.is_dataclass(a)), None)
+
+
+def resume_conflicts(saved_yaml: str, cfg: Any) -> list[str]:
+    """Dotted keys whose value differs between a checkpoint's config and `cfg` (a run config dataclass), other than
+    the RESUMABLE fields: resuming across such a change would silently continue a different experiment. A key the
+    checkpoint's config lacks (written before the key existed) counts as its default, which is what that run
+    used."""
+    resumable = resumable_keys(type(cfg))
+    defaults = flat(type(cfg)().to_dict())
+    saved = {**defaults, **flat(yaml.safe_load(saved_yaml))}
+    current = flat(cfg.to_dict())
+    keys = sorted(set(saved) | set(current))
+    sections = tuple(r for r in resumable if r.endswith("."))
+    return [f"{k}: {saved.get(k)!r} in the checkpoint, {current.get(k)!r} now" for k in keys
+            if saved.get(k) != current.get(k) and k not in resumable and not k.startswith(sections)]
+
+
+def flat(d: dict, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} → {"a.b": 1}."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
