@@ -56,7 +56,7 @@ FEISTEL_ROUNDS = 6  # ≥ 4 makes a Feistel network a pseudo-random permutation 
 
 def resolve_prefetch(setting: str | bool, device: torch.device | str) -> bool:
     """train.loader_prefetch → TrainLoader's `prefetch`: true/false as given; "auto" runs ahead on CUDA only.
-    Measured on 2 CPU cores (scripts/bench_loader.py): with the data in the page cache next_batch costs the loop
+    Measured on 2 CPU cores (harness/bench_loader.py): with the data in the page cache next_batch costs the loop
     0.2–0.5 ms right after a step either way, and neither a 5 ms compute step nor the tiny model's ~1.2 s step is
     faster with the thread (differences inside the noise), so the CPU default is the plain path. Prefetch pays
     when the reads go to the disk, as in the first epoch of a dataset larger than RAM: next_batch 7.5–8.3 →
@@ -99,7 +99,7 @@ FD_HEADROOM = 256  # open files left for everything else (sockets, checkpoints, 
 
 def make_room_for_files(n: int, data_dir: Path) -> None:
     """Each memory-mapped shard holds a file descriptor while the split is open: 1,060 for 106B tokens in 100M-token
-    shards (scripts/bench_loader.py --scale-check), above the 1,024 that many systems allow by default. Raise this
+    shards (harness/bench_loader.py --scale-check), above the 1,024 that many systems allow by default. Raise this
     process's soft limit of open files to make room for `n` more, up to the hard limit (no privilege needed), or
     say what to do."""
     try:

@@ -1,7 +1,7 @@
 """The loader's time per micro-batch with and without prefetch, alone and next to a training step.
 
-    python -m scripts.bench_loader                      # built-in corpus, bpe:8192; shapes 16×256 and 16×1024
-    python -m scripts.bench_loader --data-dir data_cache/pd_english --shapes 8x1024 --repeats 5 --cold
+    python -m harness.bench_loader                      # built-in corpus, bpe:8192; shapes 16×256 and 16×1024
+    python -m harness.bench_loader --data-dir data_cache/pd_english --shapes 8x1024 --repeats 5 --cold
 
 Without --data-dir it prepares (once) the built-in corpus with the CPU default tokenizer, like `python train.py`.
 For each shape (micro_batch × seq_len; 16×256 is configs/tiny_cpu.yaml's, 16×1024 a paper-like one) it reports,
@@ -17,7 +17,7 @@ as median [min–max] over --repeats rounds that alternate the order of the two 
   val stream       the first 65,536 val tokens, as train.py's eval reads them.
   model step       the tiny Llama (d_model 256, 4 layers, fp32, fwd+bwd+AdamW) on the first shape, the same way.
 
-    python -m scripts.bench_loader --scale-check        # the loader at the paper-scale plan's 106B tokens
+    python -m harness.bench_loader --scale-check        # the loader at the paper-scale plan's 106B tokens
 
 --scale-check builds a synthetic prepared dir of --scale-tokens train tokens (default 106e9, the one dir every
 paper-scale config reads) in shards of 100M uint16 tokens as sparse files (headers and holes: no disk blocks), and
@@ -51,8 +51,8 @@ import torch.nn.functional as F
 from data.config import DataConfig
 from data.loader import TrainLoader, read_meta, val_batches
 from data.prepare import DEFAULT_SHARD_TOKENS, ensure_prepared
-from data.shards import (HEADER, HEADER_BYTES, MAGIC, VERSION, DataError, Meta, ShardInfo, SplitInfo, shard_name,
-                         write_meta)
+from data.shards import DataError
+from data.synthetic import synthetic_dir
 from data.tokenizer import padded_vocab
 from model.config import ModelConfig
 from model.llama import Llama
@@ -202,32 +202,6 @@ def bench_model(data_dir: str, b: int, seq_len: int, args: argparse.Namespace) -
 
 SCALE_SHAPES = ((32, 1024), (4, 4096))  # micro_batch × seq_len of configs/dense/0.12b.yaml and configs/dense/1b.yaml
 SCALE_RANK, SCALE_WORLD = 0, 8  # one rank of an 8-GPU node: each rank builds its own loader
-SYNTHETIC_TOKENIZER = {"spec": "gpt2", "name": "synthetic", "ranks_hash": "0" * 64, "n_vocab": 50257, "eot": 50256}
-
-
-def synthetic_dir(root: Path, n_tokens: int, shard_tokens: int = DEFAULT_SHARD_TOKENS) -> Path:
-    """A prepared dir the loader accepts, as data/prepare.py lays it out: n_tokens train tokens (and a val shard of
-    2 % of one shard) in shards of shard_tokens uint16 tokens, each a header and a hole (os.truncate): zeros that
-    take no disk blocks. The sha256 in meta.json is a placeholder: the loader never hashes the tokens."""
-    root.mkdir(parents=True)
-    splits = {}
-    for split, total in (("train", n_tokens), ("val", min(n_tokens, shard_tokens) // 50)):
-        info = splits[split] = SplitInfo(docs=1)
-        for i, start in enumerate(range(0, total, shard_tokens)):
-            n = min(shard_tokens, total - start)
-            path = root / shard_name(split, i)
-            with open(path, "wb") as f:
-                f.write(HEADER.pack(MAGIC, VERSION, 2, n))
-            os.truncate(path, HEADER_BYTES + 2 * n)
-            info.shards.append(ShardInfo(path.name, n, "0" * 64))
-            info.tokens += n
-    meta = Meta(tokenizer=SYNTHETIC_TOKENIZER, source="synthetic", request={}, eval_only=False, dtype="uint16",
-                splits=splits)
-    meta.fingerprint = meta.compute_fingerprint()
-    write_meta(root, meta)
-    return root
-
-
 def _rss_kb() -> tuple[int, int]:
     """(current, peak) resident set size of this process in kB (Linux: /proc/self/status VmRSS, VmHWM)."""
     status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines() if ":" in line)
@@ -312,7 +286,7 @@ def scale_check(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m scripts.bench_loader", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m harness.bench_loader", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", help="a prepared data dir (default: the built-in corpus with bpe:8192)")
     p.add_argument("--shapes", default="16x256,16x1024", help="micro_batch×seq_len pairs, comma-separated")

@@ -1,11 +1,11 @@
-"""Helpers of scripts/gpu_check.sh (docs/benchmarks.md, "The GPU check").
+"""Helpers of harness/gpu_check.sh (docs/benchmarks.md, "The GPU check").
 
-    python -m scripts.gpu_check prepare [--out data_cache/gpu_check_gpt2]    # here, before lending: the tokens
-    python -m scripts.gpu_check env --data DIR                               # machine, versions, commit, data
-    python -m scripts.gpu_check moe-gemm --config configs/moe/0.5b.yaml ...  # grouped GEMM vs per-expert loop
-    python -m scripts.gpu_check sync --every 10 --json F -- TRAIN ARGS       # host syncs of non-logging steps
-    python -m scripts.gpu_check offline train.py --config ... key=value ...  # run a script as on the lent machine
-    python -m scripts.gpu_check summary OUT --logs LOGS                      # OUT/summary.md
+    python -m harness.gpu_check prepare [--out data_cache/gpu_check_gpt2]    # here, before lending: the tokens
+    python -m harness.gpu_check env --data DIR                               # machine, versions, commit, data
+    python -m harness.gpu_check moe-gemm --config configs/moe/0.5b.yaml ...  # grouped GEMM vs per-expert loop
+    python -m harness.gpu_check sync --every 10 --json F -- TRAIN ARGS       # host syncs of non-logging steps
+    python -m harness.gpu_check offline train.py --config ... key=value ...  # run a script as on the lent machine
+    python -m harness.gpu_check summary OUT --logs LOGS                      # OUT/summary.md
 
 `prepare` writes what the lent machine cannot make (it has no network and lacks the corpus packages): the built-in
 corpus `pd_english` in GPT-2 tokens (the 0.12B config's tokenizer), WikiText-2's test set as an extra eval set in the
@@ -102,7 +102,7 @@ def _no_network() -> None:
     def guarded(sock, address):
         host = address[0] if isinstance(address, tuple) else None
         if sock.family in (socket.AF_INET, socket.AF_INET6) and host not in ("127.0.0.1", "::1", "localhost"):
-            raise OSError(f"network disabled by scripts.gpu_check offline (connect to {address})")
+            raise OSError(f"network disabled by harness.gpu_check offline (connect to {address})")
         return connect(sock, address)
     socket.socket.connect = guarded
 
@@ -145,7 +145,8 @@ def _time_ms(fn, cuda: bool) -> float:
 def moe_gemm(config: str, overrides: list[str], tokens: int, iters: int, warmup: int, device: str) -> dict:
     """One MoE FFN of `config` (eager; the same weights) on the grouped GEMM and on the exact per-expert loop:
     forward + backward of `tokens` tokens, and the bare expert GEMM (gate_proj's weights, uniformly routed rows).
-    The designs alternate call by call, as scripts/bench.py's do. Relative errors are to the loop."""
+    The designs alternate call by call, as the benchmark's do (runtime/benchmark.py). Relative errors are to the
+    loop."""
     import torch
 
     from config import load_config
@@ -382,7 +383,7 @@ def summary(out: Path, logs: Path) -> Path:
 # ---------------------------------------------------------------------------------------------------------- CLI
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m scripts.gpu_check", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m harness.gpu_check", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("prepare", help="prepare the tokens the lent machine trains and evaluates on")

@@ -3,9 +3,9 @@
 # 8 files under $OUT, none deeper than $OUT/a/b/). How to run it and what each part measures: docs/benchmarks.md,
 # "The GPU check".
 #
-#   python -m scripts.gpu_check prepare         # here, once: data_cache/gpu_check_gpt2 (~6.4 MiB, carried)
-#   bash scripts/gpu_check.sh                   # there: 7 files under $OUT (default ./gpu_check_out)
-#   bash scripts/gpu_check.sh --dry             # here: the same parts and files on CPU with tiny sizes (1–2 min)
+#   python -m harness.gpu_check prepare         # here, once: data_cache/gpu_check_gpt2 (~6.4 MiB, carried)
+#   bash harness/gpu_check.sh                   # there: 7 files under $OUT (default ./gpu_check_out)
+#   bash harness/gpu_check.sh --dry             # here: the same parts and files on CPU with tiny sizes (1–2 min)
 #
 # Parts, in order: env, tests-gpu (the grouped GEMM's GPU test first), moe-gemm, bench-0.12b, loss-chunk, sync,
 # bench-1b. Each runs under `timeout` with min(its cap, the budget left − the floors promised to the parts
@@ -81,7 +81,7 @@ promised_after() {  # the floors of the wanted parts after $1
 
 report() {  # the logs packed and the summary rewritten after every part
   tar -czf "$SCRATCH/logs.tar.gz" -C "$LOGS" . && mv -f "$SCRATCH/logs.tar.gz" "$OUT/logs.tar.gz"
-  "$PY" -m scripts.gpu_check summary "$OUT" --logs "$LOGS" > /dev/null 2>> "$LOGS/summary.log"
+  "$PY" -m harness.gpu_check summary "$OUT" --logs "$LOGS" > /dev/null 2>> "$LOGS/summary.log"
 }
 
 # part NAME CMD...: CMD under a timeout of min(CAP, budget left − promised − GRACE), logged to $LOGS/NAME.log.
@@ -104,13 +104,13 @@ part() {
   report
 }
 
-part env "$PY" -m scripts.gpu_check env --data "$DATA"
+part env "$PY" -m harness.gpu_check env --data "$DATA"
 # The MoE first: the grouped GEMM's GPU test against the per-expert loop (pytest keeps the files' order: test_moe.py,
 # then the other gpu tests; one line per test, so a cut part still shows which passed), then both paths timed at
 # MoE-0.5B's shapes.
 part tests-gpu env -u TORCH_LOGS SCALEVEC_TEST_GPU=1 "$PY" -m pytest -vv -m gpu tests/test_moe.py \
   $(ls tests/test_*.py | grep -v '/test_moe.py$')
-part moe-gemm "$PY" -m scripts.gpu_check moe-gemm "${MOE[@]}" --json "$OUT/moe_gemm.json"
+part moe-gemm "$PY" -m harness.gpu_check moe-gemm "${MOE[@]}" --json "$OUT/moe_gemm.json"
 part bench-0.12b "$PY" -m scripts.bench --config configs/dense/0.12b.yaml --presets baseline unified "${BENCH[@]}" \
   "${B012[@]}" --json "$OUT/bench_0.12b.json" -- "${TINY[@]}"
 # The baseline's blocks as just compiled (from the inductor cache); only the head's chunk graph changes.
@@ -118,8 +118,8 @@ MODELS=()
 for c in "${CHUNKS[@]}"; do MODELS+=("configs/dense/0.12b.yaml train.loss_chunk_tokens=$c"); done
 part loss-chunk "$PY" -m scripts.bench --models "${MODELS[@]}" --presets baseline "${BENCH[@]}" "${B012[@]}" \
   --json "$OUT/loss_chunk.json" -- "${TINY[@]}"
-# train.main in one process, four short runs on the carried tokens (scripts/gpu_check.py, sync_runs).
-part sync "$PY" -m scripts.gpu_check sync "${SYNC[@]}" --runs-dir "$SCRATCH/runs" --json "$OUT/sync.json" -- \
+# train.main in one process, four short runs on the carried tokens (harness/gpu_check.py, sync_runs).
+part sync "$PY" -m harness.gpu_check sync "${SYNC[@]}" --runs-dir "$SCRATCH/runs" --json "$OUT/sync.json" -- \
   --config configs/dense/0.12b.yaml --config configs/scale/baseline.yaml data.source=builtin:pd_english \
   data.tokenizer=gpt2 data.max_tokens=null "data.dir=$DATA/pd_english" "data.val_sets=[$DATA/wikitext2]" \
   schedule.warmup_steps=1 optim.lr=2e-3 log.wandb.mode=disabled "${TRAIN[@]}"

@@ -1,9 +1,9 @@
 """Kill soak: a 2-rank CPU run SIGKILLed at random moments (some while a checkpoint is being written) and restarted
 with the same command each time (or on the other number of ranks), then compared with an uninterrupted run.
 
-    python -m scripts.soak --minutes 25 --out runs/soak      # the report in docs/reliability.md
-    python -m scripts.soak --episodes 1 --kills 2            # a short soak
-    python -m scripts.soak --episodes 1 --kills 2 --seq-len 64   # shorter sequences: tests/test_soak.py's
+    python -m harness.soak --minutes 25 --out runs/soak      # the report in docs/reliability.md
+    python -m harness.soak --episodes 1 --kills 2            # a short soak
+    python -m harness.soak --episodes 1 --kills 2 --seq-len 64   # shorter sequences: tests/test_soak.py's
 
 An episode is one training run: an uninterrupted reference (once per seed), then the same command under kills
 until it reaches its last step. A kill is `SIGKILL` to the whole process group (torchrun and both ranks), as a
@@ -37,6 +37,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+
+from runtime.checkpoint import checkpoint_tensors
 
 REPO = Path(__file__).resolve().parents[1]
 TMP_PREFIX = ".tmp-step_"
@@ -316,25 +318,6 @@ def abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 def final_state(run: Path) -> dict[str, torch.Tensor]:
     step = complete(run / "checkpoints")[-1]
     return checkpoint_tensors(run / "checkpoints" / f"step_{step:08d}")
-
-
-def checkpoint_tensors(step_dir: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a DCP checkpoint (model and optimizer), flat by dotted path, as one process reads it (it
-    writes `<step dir>.pt` beside the checkpoint)."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-    out = step_dir.parent / f"{step_dir.name}.pt"
-    if not out.exists():
-        dcp_to_torch_save(step_dir, out)
-    flat = {}
-
-    def walk(prefix: str, value) -> None:
-        if isinstance(value, dict):
-            for k, v in value.items():
-                walk(f"{prefix}.{k}", v)
-        elif isinstance(value, torch.Tensor):
-            flat[prefix] = value
-    walk("", torch.load(out, weights_only=False))
-    return flat
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,9 @@
     experiments.py  when two runs are the same experiment (resolved config outside log.*)
     paper.py        the paper-scale plan: unique runs, their data, their compute (scripts/plan.py)
     proxy.py        how a paper run becomes a CPU proxy run: shapes, steps, batch, tokens per parameter
+    jobs.py         a figure's runs as jobs: run directory, train.py's arguments, the command that runs one here
     comparisons.py  what docs/results.md compares, with the paper's numbers (docs/paper.md §4)
+    runner.py       docs/results.md's unique runs in order, each in its own process, CPU time summed, archives
     runs.py         reading a run directory: config.yaml and metrics.jsonl, never wandb
     stats.py        paired deltas, intervals, MDE, verdicts on sign and size, chance
     laws.py         power laws in compute, equal-loss multipliers, exponent intervals, crossings

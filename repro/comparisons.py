@@ -1,7 +1,7 @@
 """What the results page compares: each comparison's curves (figure runs at a proxy shape, under overrides), the
 first curve the reference of every delta, and the paper's numbers each delta is read against (docs/paper.md §4).
 
-The plan's order is the order the runs go in (scripts/results.py runs the unique runs seed by seed): changing a
+The plan's order is the order the runs go in (repro/runner.py runs the unique runs seed by seed): changing a
 curve's label, suffix or order renames or reorders run directories of a reproduction in progress.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A run is a train.py command line (`--config` files, then key=value overrides). Two command lines whose resolved
 configs agree on everything but `log.*` (run name, output dir, wandb group and tags) train the same model on the
-same tokens, so they share one run directory; the figures' plans (scripts/results.py at proxy scale, the
+same tokens, so they share one run directory; the figures' plans (repro/runner.py at proxy scale, the
 paper-scale plan) run each such experiment once and let every figure read it.
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ Runs of different figures are one experiment when their resolved configs agree o
 (repro/experiments.py): Figs. 1, 5, 6 and 10's Llama-0.12B baselines are one run, Figs. 5, 6 and 10's unified
 0.12B another. Each experiment is trained once, in one run directory that every figure's plot reads, named after its
 first reader in figure order (1, 3, 5, 6, …, 10; a figure's runs in panel order): `fig1-baseline` is also Fig. 5's,
-6's and 10's baseline. `canonical` gives that reader; scripts/reproduce.py builds a paper-scale job from it.
+6's and 10's baseline. `canonical` gives that reader; repro/jobs.py builds a paper-scale job from it.
 
 Compute. FLOPs = the model's own training FLOPs per token × the tokens its steps read (steps × global_batch ×
 seq_len). Llama.flops_per_token counts forward and backward: 6·N, N the activated parameters without the input

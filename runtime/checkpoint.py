@@ -346,6 +346,25 @@ def load_extra(path: Path) -> dict:
     return torch.load(resolve_checkpoint(path) / EXTRA_FILE, weights_only=True, map_location="cpu")
 
 
+def checkpoint_tensors(step_dir: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a DCP checkpoint (model and optimizer), flat by dotted path, as one process reads it (it
+    writes `<step dir>.pt` beside the checkpoint)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    out = step_dir.parent / f"{step_dir.name}.pt"
+    if not out.exists():
+        dcp_to_torch_save(step_dir, out)
+    flat = {}
+
+    def walk(prefix: str, value) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}", v)
+        elif isinstance(value, torch.Tensor):
+            flat[prefix] = value
+    walk("", torch.load(out, weights_only=False))
+    return flat
+
+
 def _load_states(path: Path, model: nn.Module, optimizer: Optional[torch.optim.Optimizer], d: _Dist) -> None:
     state = {"model": get_model_state_dict(model)}
     if optimizer is not None:

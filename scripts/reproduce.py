@@ -20,77 +20,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
-import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
-from typing import Optional
-
 from config import ConfigError, load_config
-from repro.figures import FIGURES, Figure
-from repro.paper import canonical
-from repro.proxy import PROXY, Shape, run_overrides
+from repro.figures import FIGURES
+from repro.jobs import command, jobs, run_jobs, shown
 from runtime.files import out_path_problem
-
-
-@dataclass(frozen=True)
-class Job:
-    run: str  # the figure's run name (configs/figures/fig<N>/<run>.yaml)
-    seed: int
-    run_name: str
-    argv: list[str]  # train.py's arguments
-
-
-def jobs(fig: Figure, scale: str, seeds: int, out_dir: str, overrides: list[str] = ()) -> list[Job]:
-    return [make_job(fig, run, scale, seed, seeds, out_dir, overrides) for run in fig.runs for seed in range(seeds)]
-
-
-def make_job(fig: Figure, run: str, scale: str, seed: int, seeds: int, out_dir: str, overrides: list[str] = (),
-             suffix: str = "", shape: Optional[Shape] = None) -> Job:
-    """One (run, seed) of a figure. At paper scale a run that is the same experiment as an earlier figure's trains
-    as that one, in its run directory (repro/paper.py: Fig. 5's baseline is fig1-baseline). At --scale tiny the run
-    becomes its CPU proxy (repro/proxy.py) at `shape` (default: the run's own proxy shape). `overrides` come last
-    (they win over the proxy's sizes); `suffix` tells apart the run directories of a run changed by them or by
-    `shape` (scripts/results.py: "-lr2e-3", "-d32L4")."""
-    home = fig.config(run)
-    if scale == "paper":
-        number, first = canonical(fig.number, run, tuple(overrides))
-        home = FIGURES[number].config(first)
-    path = Path(os.path.relpath(home))  # as a user would type it from the repository root
-    cfg = load_config(path)
-    name = cfg.log.run_name + ("-tiny" if scale == "tiny" else "") + suffix + (f"-s{seed}" if seeds > 1 else "")
-    argv = ["--config", str(path)]
-    extra = [f"log.out_dir={out_dir}", f"log.run_name={name}"]
-    if scale == "tiny":
-        reference = next(p.curves[0] for p in fig.panels if run in p.curves)
-        factor = cfg.train.steps / load_config(fig.config(reference)).train.steps
-        argv += ["--config", str(PROXY)]
-        extra += [*run_overrides(path, cfg, shape, factor, tuple(overrides)), f"log.wandb.group=fig{fig.number}-tiny"]
-    if seeds > 1:
-        extra.append(f"train.seed={seed}")
-    return Job(run, seed, name, argv + extra + list(overrides))
-
-
-def command(job: Job, scale: str, nproc: int) -> list[str]:
-    """What runs here: this interpreter, under torch.distributed.run (torchrun's module) for several processes, so a
-    `venv/bin/python -m scripts.reproduce` never picks up another environment's `torchrun` from PATH."""
-    if scale == "tiny" or nproc == 1:
-        return [sys.executable, "train.py", *job.argv]
-    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "train.py", *job.argv]
-
-
-def shown(cmd: list[str]) -> str:
-    """A command as a user types it: `python train.py …` or `torchrun --nproc_per_node=N train.py …`."""
-    if cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]:
-        return shlex.join(["torchrun", *cmd[3:]])
-    return shlex.join(["python" if cmd[0] == sys.executable else cmd[0], *cmd[1:]])
-
-
-def launch(cmd: list[str]) -> int:
-    """One run in its own process (a fresh process group, allocator and compile cache per run)."""
-    return subprocess.run(cmd).returncode
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,25 +75,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"{', '.join(per_fig)}; `python -m scripts.plan` gives their data and compute", file=sys.stderr)
         return 0
 
-    from repro.runs import MetricsError, load_run
-    for i, job in enumerate([] if args.plot_only else todo, 1):
-        run_dir = Path(args.out_dir) / job.run_name
-        try:
-            finished = (run_dir / "config.yaml").exists() and load_run(run_dir).finished
-        except (ConfigError, MetricsError) as e:  # a run directory damaged by hand or by a disk
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        if finished:
-            print(f"[{i}/{len(todo)}] {job.run_name}: finished, skipped")
-            continue
-        print(f"[{i}/{len(todo)}] {job.run_name}", flush=True)
-        code = launch(command(job, args.scale, nproc))
-        if code != 0:
-            print(f"error: {job.run_name} failed (exit {code}); run the same command again to resume",
-                  file=sys.stderr)
-            return code
+    code = 0 if args.plot_only else run_jobs(todo, args.out_dir, args.scale, nproc)
+    if code != 0:
+        return code
 
     from repro.plotting import draw_figure
+    from repro.runs import MetricsError, load_run
     for fig in figs:
         runs = {}
         for job in per_fig[fig.number]:

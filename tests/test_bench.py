@@ -1,4 +1,4 @@
-"""scripts.bench (time, per-design memory, the transformers reference row) and scripts/gpu_check.sh's dry mode."""
+"""scripts.bench (time, per-design memory, the transformers reference row) and harness/gpu_check.sh's dry mode."""
 import dataclasses
 import json
 import os
@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 import train
-from scripts import bench, gpu_check
+from harness import gpu_check
+from runtime import benchmark
+from scripts import bench
 from train_harness import args_for, data_dir, records  # noqa: F401 - data_dir is a fixture
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,7 +48,7 @@ def test_a_cut_bench_keeps_the_rounds_it_timed(tmp_path, monkeypatch):
     """The JSON is rewritten after every timed round, so a part the GPU check's timeout cuts still returns rows:
     here the third step of the second design dies (as a SIGKILL would end the process), after one timed round."""
     table = tmp_path / "bench.json"
-    build, calls = bench.build, []
+    build, calls = benchmark.build, []
 
     def build_dying(design, di, seq_len, batches):
         runner = build(design, di, seq_len, batches)
@@ -58,7 +60,7 @@ def test_a_cut_bench_keeps_the_rounds_it_timed(tmp_path, monkeypatch):
                 raise KeyboardInterrupt("cut")
             return step()
         return dataclasses.replace(runner, step=counted)
-    monkeypatch.setattr(bench, "build", build_dying)
+    monkeypatch.setattr(benchmark, "build", build_dying)
     argv = ["--presets", "baseline", "unified", "--no-hf-reference", "--no-memory", "--json", str(table), *TINY]
     argv[argv.index("--steps") + 1] = "3"
     with pytest.raises(KeyboardInterrupt):
@@ -87,13 +89,13 @@ def test_precisions_are_columns_of_the_same_design_and_auto_says_what_it_chose(m
     """--precisions: each design once per precision, side by side in one table; auto is named by what train.py would
     choose on this machine (runtime/precision.py), which is what its row then runs."""
     import runtime.precision as precision
-    parse = bench.build_parser().parse_args
+    parse = benchmark.build_parser().parse_args
     argv = ["--presets", "unified", "--no-hf-reference", "--device", "cpu", "--precisions", "auto", "eager-fp32",
             "compiled-fp32", "compiled-bf16"]
     for cpu, auto in ((precision.CpuArithmetic("AVX2", False, False), "auto=eager-fp32"),
                       (precision.CpuArithmetic("AVX512", True, True), "auto=compiled-bf16")):
         monkeypatch.setattr(precision, "cpu_arithmetic", lambda cpu=cpu: cpu)
-        designs, _ = bench.plan(parse(argv))
+        designs, _ = benchmark.plan(parse(argv))
         assert [d.name for d in designs] == [f"unified/{auto}", "unified/eager-fp32", "unified/compiled-fp32",
                                              "unified/compiled-bf16"]
         assert [(d.cfg.train.dtype, d.cfg.train.compile) for d in designs] == [
@@ -111,23 +113,23 @@ def test_precisions_are_columns_of_the_same_design_and_auto_says_what_it_chose(m
 
 
 def test_hf_reference_rules(capsys):
-    parse = bench.build_parser().parse_args
-    designs, notes = bench.plan(parse(["--presets", "baseline", "--no-hf-reference"]))
+    parse = benchmark.build_parser().parse_args
+    designs, notes = benchmark.plan(parse(["--presets", "baseline", "--no-hf-reference"]))
     assert [d.name for d in designs] == ["baseline"] and not notes
-    designs, notes = bench.plan(parse(["--models", "configs/tiny_moe.yaml", "configs/tiny_cpu.yaml",
+    designs, notes = benchmark.plan(parse(["--models", "configs/tiny_moe.yaml", "configs/tiny_cpu.yaml",
                                        "--presets", "baseline"]))
     assert not any(d.hf for d in designs) and "MoE" in notes[0]  # LlamaForCausalLM is dense: no row, a note
-    designs, _ = bench.plan(parse(["--models", "configs/tiny_cpu.yaml model.d_ffn=96", "--presets", "hg"]))
+    designs, _ = benchmark.plan(parse(["--models", "configs/tiny_cpu.yaml model.d_ffn=96", "--presets", "hg"]))
     assert [d.name for d in designs] == ["tiny_cpu[d_ffn=96]/hg", "tiny_cpu[d_ffn=96]/hf-llama"]
     assert designs[1].cfg.model.d_ffn == 96  # built from the first model's configuration
     with pytest.raises(SystemExit):  # asked for explicitly where it cannot be: an error, not a silent skip
-        bench.plan(parse(["--config", "configs/tiny_moe.yaml", "--hf-reference"]))
+        benchmark.plan(parse(["--config", "configs/tiny_moe.yaml", "--hf-reference"]))
 
 
 def test_table_prints_missing_values_as_dashes():
     rows = [{"design": "a", "params": 10, "activated": 10, "ms_per_step": 2.0, "ms_sd": 0.1, "tok_per_s": 5.0,
              "mfu": 0.5, "peak_mem_mib": None, "time_ratio": 1.0, "mem_ratio": None}]
-    line = bench.format_table(rows).splitlines()[1].split()
+    line = benchmark.format_table(rows).splitlines()[1].split()
     assert line == ["a", "10", "10", "2.0", "0.1", "5", "50.0%", "-", "1.000", "-"]
 
 
@@ -157,7 +159,7 @@ def test_offline_hides_the_packages_the_gpu_machine_lacks(tmp_path):
                       "try:\n    socket.create_connection(('192.0.2.1', 80), timeout=1)\n"
                       "except OSError as e:\n    assert 'network disabled' in str(e), e\nelse:\n    sys.exit(4)\n"
                       "print('args', sys.argv[1:])\n")
-    done = subprocess.run([sys.executable, "-m", "scripts.gpu_check", "offline", str(script), "a=1"], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "harness.gpu_check", "offline", str(script), "a=1"], cwd=REPO,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "args ['a=1']" in done.stdout
@@ -165,7 +167,7 @@ def test_offline_hides_the_packages_the_gpu_machine_lacks(tmp_path):
 
 @pytest.fixture(scope="module")
 def carried(tmp_path_factory) -> Path:
-    """What `python -m scripts.gpu_check prepare` carries to the lent machine, without WikiText-2 (its local-file
+    """What `python -m harness.gpu_check prepare` carries to the lent machine, without WikiText-2 (its local-file
     path needs `datasets`, slow to import): the training dir doubles as the extra eval set, under its name."""
     out = tmp_path_factory.mktemp("carried")
     gpu_check.prepare(out, wikitext=False, progress=False)
@@ -183,7 +185,7 @@ def test_gpu_check_dry_run(carried, tmp_path):
            "GPU_CHECK_SCRATCH": str(tmp_path / "scratch")}
     for var in ("SCALEVEC_TOKENIZER_DIR", "GPU_CHECK_PARTS", "GPU_CHECK_BUDGET_S"):
         env.pop(var, None)  # the carried ranks file must be enough; every part runs
-    done = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry"], cwd=REPO, env=env, capture_output=True,
+    done = subprocess.run(["bash", "harness/gpu_check.sh", "--dry"], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=400)
     with tarfile.open(out / "logs.tar.gz") as tar:
         logs = {Path(m.name).name: tar.extractfile(m).read().decode() for m in tar.getmembers() if m.isfile()}

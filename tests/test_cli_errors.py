@@ -14,10 +14,12 @@ import pytest
 from config import load_config, resolve_vocab
 from data import prepare
 from data.shards import SplitWriter
+from data.synthetic import synthetic_dir
 from data.tokenizer import write_ranks
+from harness import bench_loader
 from model.llama import build_model
 from runtime.checkpoint import save_checkpoint
-from scripts import bench, bench_loader, export_hf, inspect_model, plan, plot, reproduce, sample, scaling_law, summarize
+from scripts import bench, export_hf, inspect_model, plan, plot, reproduce, sample, scaling_law, summarize
 
 TINY = ["model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.d_ffn=64", "data.seq_len=16"]
 
@@ -241,7 +243,7 @@ def test_bench_config_error(capsys):
 ])
 def test_bench_loader_checks_flags(tmp_path, capsys, flags, words):
     (tmp_path / "FILE").write_text("")
-    data = bench_loader.synthetic_dir(tmp_path / "data", 200_000, shard_tokens=100_000)  # sparse: no disk blocks
+    data = synthetic_dir(tmp_path / "data", 200_000, shard_tokens=100_000)  # sparse: no disk blocks
     argv = ["--data-dir", str(data), "--repeats", "1", "--batches", "2", "--sim-steps", "2", "--steps", "1",
             *[str(tmp_path / f) if f == "FILE" else f for f in flags]]
     usage_error(bench_loader.main, argv, capsys, *words)

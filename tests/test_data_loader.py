@@ -258,7 +258,7 @@ def test_an_error_while_gathering_surfaces_in_next_batch(tmp_path, prefetch):
 
 def test_resolve_prefetch():
     assert resolve_prefetch("auto", "cuda") and resolve_prefetch("auto", torch.device("cuda", 1))
-    assert not resolve_prefetch("auto", "cpu")  # measured: no faster on 2 cores (scripts/bench_loader.py)
+    assert not resolve_prefetch("auto", "cpu")  # measured: no faster on 2 cores (harness/bench_loader.py)
     assert resolve_prefetch(True, "cpu") and not resolve_prefetch(False, "cuda")
     with pytest.raises(ValueError, match="auto, true or false"):
         resolve_prefetch("yes", "cpu")

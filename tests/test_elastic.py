@@ -13,9 +13,8 @@ import torch
 import train
 from config import ConfigError, load_config
 from test_moe_train import MOE, moe_state
-from runtime.checkpoint import latest_checkpoint
+from runtime.checkpoint import checkpoint_tensors, latest_checkpoint
 from runtime.trainer import accumulation_steps, aux_regrouped
-from scripts.soak import checkpoint_tensors
 from multiproc import free_port, spawn
 from test_train import _error_worker, _skip_worker, args_for, data_dir, records, run_ranks  # noqa: F401 - data_dir is a fixture
 

@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from model.config import ModelConfig, ScaleConfig
+from model.hf import export
 from model.llama import build_model
-from scripts.export_hf import export, main
+from scripts import export_hf
 
 import transformers  # noqa: E402  (a declared dependency in requirements.txt)
 
@@ -35,5 +36,5 @@ def test_transformers_llama_matches(tmp_path, n_kv_heads, scale):
 
 
 def test_cli_refuses_dnp(tmp_path, capsys):
-    code = main(["--config", "configs/dense_0.12b_unified.yaml", "--out", str(tmp_path / "x")])
+    code = export_hf.main(["--config", "configs/dense_0.12b_unified.yaml", "--out", str(tmp_path / "x")])
     assert code == 2 and "cannot be exported" in capsys.readouterr().err

@@ -12,11 +12,12 @@ import pytest
 from config import load_config
 from data.loader import TrainLoader
 from data.prepare import CFG_KEYS
+from data.synthetic import synthetic_dir
 from repro import paper
 from repro.figures import FIGURES
+from repro.jobs import jobs
 from scripts import plan as plan_cli
 from scripts import reproduce
-from scripts.bench_loader import synthetic_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 BASELINE_0_12B = (("1", "baseline"), ("5", "baseline"), ("6", "0.12b_baseline"), ("10", "baseline"))
@@ -117,13 +118,13 @@ def test_epoch_tokens_is_what_the_loader_holds(tmp_path):
 def test_reproduce_trains_a_shared_experiment_in_one_directory(capsys):
     names = {}
     for fig, run in BASELINE_0_12B:
-        [job] = [j for j in reproduce.jobs(FIGURES[fig], "paper", 1, "runs") if j.run == run]
+        [job] = [j for j in jobs(FIGURES[fig], "paper", 1, "runs") if j.run == run]
         names[fig] = (job.run_name, tuple(job.argv[:2]))
     assert set(names.values()) == {("fig1-baseline", ("--config", "configs/figures/fig1/baseline.yaml"))}
-    seeded = [j.run_name for j in reproduce.jobs(FIGURES["10"], "paper", 2, "runs") if j.run == "baseline"]
+    seeded = [j.run_name for j in jobs(FIGURES["10"], "paper", 2, "runs") if j.run == "baseline"]
     assert seeded == ["fig1-baseline-s0", "fig1-baseline-s1"]
     # the CPU proxy keeps one run per figure (its sizes differ per figure)
-    tiny = [j for j in reproduce.jobs(FIGURES["5"], "tiny", 1, "runs") if j.run == "baseline"]
+    tiny = [j for j in jobs(FIGURES["5"], "tiny", 1, "runs") if j.run == "baseline"]
     assert [j.run_name for j in tiny] == ["fig5-baseline-tiny"]
     assert reproduce.main(["all", "--dry-run"]) == 0
     lines = capsys.readouterr().out.splitlines()

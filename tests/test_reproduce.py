@@ -9,6 +9,7 @@ import pytest
 from config import load_config
 from repro import proxy
 from repro.figures import FIGURES
+from repro.jobs import command, jobs, shown
 from scripts import reproduce
 from test_train import data_dir  # noqa: F401 - a fixture
 
@@ -44,13 +45,12 @@ def test_runs_launch_this_interpreter():
     """What runs is sys.executable (torchrun as its torch.distributed.run module); the printed form stays the one users
     type."""
     import sys
-    job = reproduce.jobs(FIGURES["5"], "paper", 1, "runs", [])[0]
-    run = reproduce.command(job, "paper", 8)
+    job = jobs(FIGURES["5"], "paper", 1, "runs", [])[0]
+    run = command(job, "paper", 8)
     assert run[:4] == [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=8"] and run[4] == "train.py"
-    assert reproduce.shown(run).startswith("torchrun --nproc_per_node=8 train.py --config ")
-    assert reproduce.command(job, "paper", 1)[:2] == reproduce.command(job, "tiny", 8)[:2] == [sys.executable,
-                                                                                             "train.py"]
-    assert reproduce.shown(reproduce.command(job, "tiny", 8)).startswith("python train.py ")
+    assert shown(run).startswith("torchrun --nproc_per_node=8 train.py --config ")
+    assert command(job, "paper", 1)[:2] == command(job, "tiny", 8)[:2] == [sys.executable, "train.py"]
+    assert shown(command(job, "tiny", 8)).startswith("python train.py ")
 
 
 def test_tiny_figure_end_to_end(data_dir, tmp_path, capsys, monkeypatch):  # noqa: F811
@@ -65,7 +65,7 @@ def test_tiny_figure_end_to_end(data_dir, tmp_path, capsys, monkeypatch):  # noq
         train.main(cmd[2:])
         return 0
 
-    monkeypatch.setattr(reproduce, "launch", run_in_process)
+    monkeypatch.setattr("repro.jobs.launch", run_in_process)
     overrides = [f"data.dir={data_dir.dir}", f"data.source={data_dir.source}", "data.tokenizer=bpe:320",
                  "data.seq_len=32", "data.val_frac=0.2", "model.d_model=32", "model.n_heads=2", "model.n_layers=1",
                  "train.steps=2", "train.global_batch=4", "train.micro_batch=4", "train.eval_every=1",

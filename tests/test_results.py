@@ -15,7 +15,8 @@ from test_train import data_dir  # noqa: F401 - a fixture
 
 from repro.runs import load_run
 from repro.stats import T80, T975, stat
-from scripts import reproduce, results
+from repro import runner
+from scripts import results
 
 SEEDS = 2
 # 11 Fig. 5 runs; Fig. 1's grid at 2 lrs less its baseline at 4e-3 (Fig. 5's); Fig. 6's ladder less its d64 L4
@@ -55,12 +56,12 @@ def miniature(data_dir, tmp_path_factory):  # noqa: F811
 
     def measured_in_process(cmd, threads, log=None):
         assert threads >= 1 and log is None  # one run at a time
-        c0 = results.cpu_now()
-        return run_in_process(cmd), results.cpu_now() - c0
+        c0 = runner.cpu_now()
+        return run_in_process(cmd), runner.cpu_now() - c0
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(reproduce, "launch", run_in_process)
-        mp.setattr(results, "launch", measured_in_process)
+        mp.setattr("repro.jobs.launch", run_in_process)
+        mp.setattr(runner, "launch", measured_in_process)
         import io
         from contextlib import redirect_stdout
         out = io.StringIO()
@@ -212,7 +213,7 @@ def test_launch_reports_the_exit_code_and_the_cpu_time_of_its_process(tmp_path, 
     busy = "import os, time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n" \
            "print('threads', os.environ['OMP_NUM_THREADS'])\nraise SystemExit(3)"
     log = tmp_path / "run.log"
-    code, cpu = results.launch([sys.executable, "-c", busy], 1, log)
+    code, cpu = runner.launch([sys.executable, "-c", busy], 1, log)
     assert code == 3 and 0.3 <= cpu < 5 and "threads 1" in log.read_text()
 
 
@@ -220,8 +221,8 @@ def test_jobs_run_side_by_side_in_plan_order(tmp_path, monkeypatch):
     """--jobs 2: every unfinished run once, each with cores // 2 threads and its own log, the ledger summed per run."""
     import threading
     import time
-    from scripts.results import CpuLedger, Unique, run_all
-    from scripts.reproduce import Job
+    from repro.jobs import Job
+    from repro.runner import CpuLedger, Unique, run_all
     started, lock, running, most = [], threading.Lock(), [0], [0]
     both = threading.Barrier(2, timeout=10)  # the first two runs must be in flight together
 
@@ -238,10 +239,10 @@ def test_jobs_run_side_by_side_in_plan_order(tmp_path, monkeypatch):
             running[0] -= 1
         return (1 if name == "b" else 0), 0.5
 
-    monkeypatch.setattr(results, "command", lambda job, scale, nproc: ["train.py", "--name", *job.argv])
-    monkeypatch.setattr(results, "config_of", lambda argv: None)
-    monkeypatch.setattr(results.os, "cpu_count", lambda: 4)
-    monkeypatch.setattr(results, "launch", fake)
+    monkeypatch.setattr(runner, "command", lambda job, scale, nproc: ["train.py", "--name", *job.argv])
+    monkeypatch.setattr(runner, "config_of", lambda argv: None)
+    monkeypatch.setattr(runner.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(runner, "launch", fake)
     uniques = [Unique(Job("r", 0, name, [name]), name) for name in ("a", "b", "c")]
     ledger = CpuLedger(tmp_path)
     assert run_all(uniques, tmp_path, ledger, jobs=2) == ["b"]
@@ -258,7 +259,7 @@ def test_every_planned_run_is_sized_by_the_proxy_rules():
     from repro import proxy
     from repro.comparisons import Plan
     from repro.experiments import config_of
-    from scripts.results import plan_runs
+    from repro.runner import plan_runs
     uniques, _ = plan_runs(Plan(4), "runs/results")
     assert len(uniques) == 36 * 4
     ratios = {}

@@ -1,4 +1,4 @@
-"""The kill soak in miniature (scripts/soak.py; its 25-minute report is in docs/reliability.md): a 2-rank run
+"""The kill soak in miniature (harness/soak.py; its 25-minute report is in docs/reliability.md): a 2-rank run
 SIGKILLed three times — while a checkpoint is being written, at a random moment, and once more with the restart on
 1 rank — and restarted with the same command each time resumes from the newest complete checkpoint, matches the
 uninterrupted run bit for bit while it stays on 2 ranks, and after the rank change keeps every step's tokens and
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from scripts import soak
+from harness import soak
 
 # Sequences of 64 tokens instead of tiny_cpu.yaml's 256: a step costs a quarter (the LM head over the 8,192-token
 # vocabulary is most of it), and nothing checked depends on the length — the kills land at checkpoint writes (the

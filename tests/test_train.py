@@ -15,8 +15,7 @@ from data.config import DataConfig
 from data.prepare import prepare
 from runtime.trainer import NonFiniteError
 from model.llama import build_model
-from runtime.checkpoint import latest_checkpoint, load_model_weights
-from scripts.soak import checkpoint_tensors
+from runtime.checkpoint import checkpoint_tensors, latest_checkpoint, load_model_weights
 from multiproc import free_port, spawn
 from train_harness import (U32, U64, _error_worker, _worker, args_for, data_dir, drift_tol, final_params,  # noqa: F401
                            logged_loss_tol, records, run_dtype, run_ranks)  # re-exported; data_dir is a fixture

@@ -1,0 +1,66 @@
+"""Our Llama as transformers' LlamaForCausalLM: its config, the folded weights under its names, and a directory
+`LlamaForCausalLM.from_pretrained` loads (config.json + model.safetensors).
+
+Every scale-vector design without an inner Norm folds exactly into a plain Llama (docs/paper.md §1.8), so the export
+gives the same logits; the FFN weights are written at their logical size, without model.ffn_pad_multiple's storage
+padding. The benchmark's reference row (runtime/benchmark.py) builds transformers' Llama from the same config.
+transformers and safetensors are imported only when a function needs them: nothing else in model/ does.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from model.config import ModelConfig
+from model.llama import Llama
+
+
+_LAYER_NAMES = {  # ours → transformers', inside layers.{i}
+    "attn_norm.scale.weight": "input_layernorm.weight",
+    "attn.q_proj.weight": "self_attn.q_proj.weight",
+    "attn.k_proj.weight": "self_attn.k_proj.weight",
+    "attn.v_proj.weight": "self_attn.v_proj.weight",
+    "attn.o_proj.weight": "self_attn.o_proj.weight",
+    "ffn_norm.scale.weight": "post_attention_layernorm.weight",  # HF's name for Llama's pre-FFN norm
+    "mlp.gate_proj.weight": "mlp.gate_proj.weight",
+    "mlp.up_proj.weight": "mlp.up_proj.weight",
+    "mlp.down_proj.weight": "mlp.down_proj.weight",
+}
+
+
+def hf_state_dict(model: Llama) -> dict[str, torch.Tensor]:
+    """The folded, unpadded weights under transformers' LlamaForCausalLM names."""
+    out = {}
+    for key, value in model.folded_state_dict().items():
+        if key.startswith("layers."):
+            _, i, rest = key.split(".", 2)
+            out[f"model.layers.{i}.{_LAYER_NAMES[rest]}"] = value
+        else:
+            out[{"tok_embeddings.weight": "model.embed_tokens.weight", "norm.scale.weight": "model.norm.weight",
+                 "lm_head.weight": "lm_head.weight"}[key]] = value
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def hf_config(cfg: ModelConfig, max_positions: int):
+    """transformers' LlamaConfig of `cfg`'s shapes: the padded vocabulary, untied embeddings, no biases, the same rope
+    theta and eps (the export's config, and the benchmark's reference row's)."""
+    from transformers import LlamaConfig  # lazy: transformers is needed only to export and for that row
+    return LlamaConfig(
+        vocab_size=cfg.padded_vocab, hidden_size=cfg.d_model, intermediate_size=cfg.ffn_dim,
+        num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.kv_heads,
+        head_dim=cfg.head_dim, hidden_act="silu", max_position_embeddings=max_positions, rms_norm_eps=cfg.norm_eps,
+        rope_theta=cfg.rope_theta, tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
+        initializer_range=cfg.init_std, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+
+
+def export(model: Llama, out_dir: Path, max_positions: int = 2048, dtype: torch.dtype = torch.float32) -> Path:
+    """Write `out_dir`/{config.json, model.safetensors} loadable by LlamaForCausalLM.from_pretrained."""
+    from safetensors.torch import save_file
+    config = hf_config(model.cfg, max_positions)
+    config.torch_dtype = dtype
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(out_dir)
+    save_file({k: v.to(dtype) for k, v in hf_state_dict(model).items()}, str(out_dir / "model.safetensors"),
+              metadata={"format": "pt"})
+    return out_dir
