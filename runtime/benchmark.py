@@ -146,21 +146,20 @@ def build(design: Design, di, seq_len: int, batches=None) -> Runner:
 
 def with_data(designs: list[Design]) -> list[Design]:
     """--data: each design's training data prepared (on first use, as train.py does) and its vocabulary resolved."""
-    from config import resolve_vocab  # the root config's rule, imported where it is called (as in plan)
     from data.prepare import ensure_prepared
     from data.shards import load_meta
     out = []
     for d in designs:
         ensure_prepared(d.cfg.data)
         n_vocab = load_meta(d.cfg.data.dir).tokenizer["n_vocab"]
-        out.append(dataclasses.replace(d, cfg=dataclasses.replace(d.cfg, model=resolve_vocab(d.cfg, n_vocab=n_vocab))))
+        model = d.cfg.model.with_vocab(n_vocab, d.cfg.data.tokenizer)  # as runtime/trainer.py resolves it
+        out.append(dataclasses.replace(d, cfg=dataclasses.replace(d.cfg, model=model)))
     return out
 
 
-def plan(args) -> tuple[list[Design], list[str]]:
-    """The designs to run (cheap: configs only) and notes for the user. The designs' configs are loaded from the
-    files the command names, as train.py loads its own: the root's loader, imported here, where it is called."""
-    from config import load_config
+def plan(args, load_config: Callable[[list, list], "RunConfig"]) -> tuple[list[Design], list[str]]:
+    """The designs to run (cheap: configs only) and notes for the user. `load_config(paths, overrides)` is the root
+    config.py's loader, passed in by the command (nothing below the root imports config.py)."""
     if args.models:
         models = [(Path(words[0]).stem + "".join(f"[{o.split('.')[-1]}]" for o in words[1:]), [words[0]], words[1:])
                   for words in map(shlex.split, args.models)]

@@ -3,8 +3,9 @@
     trainer = Trainer.for_run(cfg, dist_info)   # data (prepared on first use) → model → loader → resume
     summary = trainer.fit(stop_at_step=None)    # step → log → evaluate → checkpoint, until train.steps
 
-`Trainer.step` is the one training step in the tree: train.py's loop runs it, scripts/bench.py times it on its own
-batches (`Trainer(cfg, di, batches)`), the GPU check runs it through both, the soak through train.py.
+`Trainer.step` is the one training step in the tree: train.py's loop runs it, scripts.bench (runtime/benchmark.py)
+times it on its own batches (`Trainer(cfg, di, batches)`), the GPU check runs it through both, the soak through
+train.py.
 """
 from __future__ import annotations
 
@@ -56,8 +57,8 @@ class Batches(Protocol):
 
 
 class FixedBatches:
-    """The given batches in turn, again from the first after the last (scripts/bench.py: every design gets the
-    same ones). Never an epoch boundary: the data is not the experiment there."""
+    """The given batches in turn, again from the first after the last (runtime/benchmark.py: every design gets
+    the same ones). Never an epoch boundary: the data is not the experiment there."""
     epochs_done = 0.0
 
     def __init__(self, batches: list[tuple[torch.Tensor, torch.Tensor]]):

@@ -47,7 +47,7 @@ from typing import Optional
 
 import torch
 
-from config import SCALE_PRESETS, ConfigError
+from config import SCALE_PRESETS, ConfigError, load_config
 from runtime.benchmark import (build_parser, format_header, format_table, make_batches, memory_probe, plan,
                                run_probes, time_designs, with_data)
 from runtime.files import out_path_problem
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from runtime.dist import init_distributed, shutdown
     try:
-        designs, notes = plan(args)
+        designs, notes = plan(args, load_config)
         di = init_distributed(args.device)
         if args.data:
             designs = with_data(designs)

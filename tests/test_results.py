@@ -60,7 +60,6 @@ def miniature(data_dir, tmp_path_factory):  # noqa: F811
         return run_in_process(cmd), runner.cpu_now() - c0
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("repro.jobs.launch", run_in_process)
         mp.setattr(runner, "launch", measured_in_process)
         import io
         from contextlib import redirect_stdout
