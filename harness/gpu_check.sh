@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# One prepared check for a lent GPU machine (one H200, no network), sized for one `run` call (timeout_s=540, at most
-# 8 files under $OUT, none deeper than $OUT/a/b/). How to run it and what each part measures: docs/benchmarks.md,
-# "The GPU check".
+# The GPU check: the training step, the MoE grouped GEMM and the host syncs on one CUDA GPU of a machine that may
+# have no network. It needs `python3` with torch (≥ 2.11), tiktoken, pyyaml, tqdm and pytest (transformers and
+# matplotlib are used where present; datasets, wandb and the corpus packages are not needed) and the tokens prepared
+# beforehand on a machine that has them. It writes 7 files directly under $OUT (summary.md, logs.tar.gz and one JSON
+# per measuring part) and takes about 8 minutes (GPU_CHECK_BUDGET_S, default 480 s, cold compiles included). How to
+# run it and what each part measures: docs/benchmarks.md, "The GPU check".
 #
-#   python -m harness.gpu_check prepare         # here, once: data_cache/gpu_check_gpt2 (~6.4 MiB, carried)
-#   bash harness/gpu_check.sh                   # there: 7 files under $OUT (default ./gpu_check_out)
-#   bash harness/gpu_check.sh --dry             # here: the same parts and files on CPU with tiny sizes (1–2 min)
+#   python -m harness.gpu_check prepare         # on a machine with the corpus: data_cache/gpu_check_gpt2 (~6.4 MiB)
+#   bash harness/gpu_check.sh                   # on the GPU machine, the repo and that folder copied there
+#   bash harness/gpu_check.sh --dry             # anywhere: the same parts and files on CPU with tiny sizes (1–2 min)
 #
 # Parts, in order: env, tests-gpu (the grouped GEMM's GPU test first), moe-gemm, bench-0.12b, loss-chunk, sync,
 # bench-1b. Each runs under `timeout` with min(its cap, the budget left − the floors promised to the parts
@@ -24,7 +27,7 @@ DATA=$(realpath -m "${GPU_CHECK_DATA:-data_cache/gpu_check_gpt2}")
 SCRATCH=${GPU_CHECK_SCRATCH:-$(mktemp -d -t gpu_check.XXXXXX)}
 LOGS=$SCRATCH/logs
 mkdir -p "$LOGS"
-PY=${PYTHON:-python3}  # the lent machine has python3 only; the tests pass their own interpreter
+PY=${PYTHON:-python3}  # python3 unless PYTHON says otherwise; the tests pass their own interpreter
 ORDER=(env tests-gpu moe-gemm bench-0.12b loss-chunk sync bench-1b)
 PARTS=${GPU_CHECK_PARTS:-${ORDER[*]}}
 GRACE=5  # seconds between a part's SIGTERM (train.py checkpoints and returns) and its SIGKILL

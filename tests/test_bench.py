@@ -168,7 +168,7 @@ def test_offline_hides_the_packages_the_gpu_machine_lacks(tmp_path):
 
 @pytest.fixture(scope="module")
 def carried(tmp_path_factory) -> Path:
-    """What `python -m harness.gpu_check prepare` carries to the lent machine, without WikiText-2 (its local-file
+    """What `python -m harness.gpu_check prepare` carries to the GPU machine, without WikiText-2 (its local-file
     path needs `datasets`, slow to import): the training dir doubles as the extra eval set, under its name."""
     out = tmp_path_factory.mktemp("carried")
     gpu_check.prepare(out, wikitext=False, progress=False)
@@ -178,8 +178,8 @@ def carried(tmp_path_factory) -> Path:
 
 
 def test_gpu_check_dry_run(carried, tmp_path):
-    """Every part of the script on CPU with tiny sizes, as the lent machine runs them, under this interpreter: what
-    comes back fits the run tool (at most 8 files, at most two folders deep under $OUT), the logs are in one archive,
+    """Every part of the script on CPU with tiny sizes, as the GPU machine runs them, under this interpreter: what
+    it writes is few and flat (at most 8 files, at most two folders deep under $OUT: easy to copy back), the logs are in one archive,
     training needs neither datasets, wandb, the corpus packages nor network, and summary.md is printed last."""
     out = tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "GPU_CHECK_DATA": str(carried), "PYTHON": sys.executable,
