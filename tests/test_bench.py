@@ -179,8 +179,9 @@ def carried(tmp_path_factory) -> Path:
 
 def test_gpu_check_dry_run(carried, tmp_path):
     """Every part of the script on CPU with tiny sizes, as the GPU machine runs them, under this interpreter: what
-    it writes is few and flat (at most 8 files, at most two folders deep under $OUT: easy to copy back), the logs are in one archive,
-    training needs neither datasets, wandb, the corpus packages nor network, and summary.md is printed last."""
+    it writes is few and flat (at most 8 files, at most two folders deep under $OUT: easy to copy back), the logs
+    are in one archive, training needs neither datasets, wandb, the corpus packages nor network, and summary.md is
+    printed last."""
     out = tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "GPU_CHECK_DATA": str(carried), "PYTHON": sys.executable,
            "GPU_CHECK_SCRATCH": str(tmp_path / "scratch")}
