@@ -8,10 +8,13 @@
     comparisons.py  what docs/results.md compares, with the paper's numbers (docs/paper.md §4)
     runner.py       docs/results.md's unique runs in order, each in its own process, CPU time summed, archives
     runs.py         reading a run directory: config.yaml and metrics.jsonl, never wandb
-    stats.py        paired deltas, intervals, MDE, verdicts on sign and size, chance
-    laws.py         power laws in compute, equal-loss multipliers, exponent intervals, crossings
+    stats.py        paired deltas, intervals, MDE, verdicts on what an interval says of the paper's value
+    significance.py the paired t test (its CDF from the incomplete beta), Holm, Benjamini–Hochberg, seeds for an MDE
+    laws.py         power laws in compute, equal-loss multipliers, exponent intervals, crossings, bootstrap intervals
     measure.py      what the runs measured per comparison (rows, curves, shared runs)
+    contrasts.py    which rows are sums of others: the basis the page counts over
     plotting.py     figures, Δ-loss curves with bands, scaling-law plots
     sections.py     one comparison's part of the page
+    reading.py      the reading in plain words, the count behind it, the power on the central claims, v1 against v2
     page.py         docs/results.md (scripts/results.py writes it); v1.py keeps the first page's numbers
 """

@@ -3,8 +3,9 @@
 Every number in the page is computed here from the runs; the paper's numbers beside them are docs/paper.md §4's, v1's
 are repro/v1.py's. A difference is "ours − reference" at the last evaluation (the final weights), paired by seed,
 with a 95 % Student-t interval over seeds and the MDE of its seeds (repro/stats.py); the verdict sets sign and size
-beside the paper's. The page: the proxy (per comparison: tokens per parameter, steps, passes, seeds), the reading
-(tally, chance, v1 against v2), then each comparison's section (repro/sections.py).
+beside the paper's. The page: what it reads and what it does not yet, the reading in plain words (repro/reading.py),
+the proxy (per comparison: tokens per parameter, steps, passes, seeds), the count behind the reading (independent
+rows, multiple-comparison corrections, power, v1 against v2), then each comparison's section (repro/sections.py).
 """
 from __future__ import annotations
 
@@ -15,24 +16,29 @@ from config import load_config
 from repro import proxy
 from repro.comparisons import Comparison, Plan
 from repro.figures import FIGURES
-from repro.measure import Results, Row
+from repro.measure import Results
+from repro.reading import count_section, plain_reading
 from repro.runs import Run
 from repro.sections import ladder_section, lr_grid_section, panel_section
-from repro.stats import ALPHA, FACTOR, NOISE, VERDICTS, at_least, fmt, verdict_class
-from repro.v1 import V1_DELTAS, V1_SUMMARY
+
+REBUILD = "python -m scripts.results --page-only --out-dir docs/results_runs"  # the page from its archive
 
 
 class Sizes:
-    """Compute parameters (repro.proxy.compute_params) of each model config, built once on the meta device."""
+    """Compute parameters (repro.proxy.compute_params: without the input embedding) and every parameter
+    (repro.proxy.total_params) of each model config, built once on the meta device."""
 
     def __init__(self):
-        self._n: dict[str, int] = {}
+        self._n: dict[str, tuple[int, int]] = {}
 
-    def __call__(self, run: Run) -> int:
+    def both(self, run: Run) -> tuple[int, int]:
         key = json.dumps(run.cfg.to_dict()["model"], sort_keys=True)
         if key not in self._n:
-            self._n[key] = proxy.compute_params(run.cfg)
+            self._n[key] = proxy.compute_params(run.cfg), proxy.total_params(run.cfg)
         return self._n[key]
+
+    def __call__(self, run: Run) -> int:
+        return self.both(run)[0]
 
 
 def problems(run: Run, n: int) -> list[str]:
@@ -54,16 +60,18 @@ def span(values: list[float], spec: str) -> str:
 
 def proxy_section(res: Results) -> list[str]:
     sizes, flagged, seen = Sizes(), {}, set()
-    out = ["| comparison | seeds | runs | tokens per parameter | steps | passes over the data |", "|---|---|---|---|---|---|"]
+    out = ["| comparison | seeds | runs | tokens per compute parameter | tokens per parameter, all counted | steps | "
+           "passes over the data |", "|---|---|---|---|---|---|---|"]
     for comp in res.plan.comparisons:
         per_curve = [res.runs_of(comp, c) for c in comp.curves]
         runs = list({r.path: r for rs in per_curve for r in rs.values()}.values())
         if not runs:
-            out.append(f"| {comp.title} | 0 of {res.plan.seeds} | 0 | – | – | – |")
+            out.append(f"| {comp.title} | 0 of {res.plan.seeds} | 0 | – | – | – | – |")
             continue
         passes = [r.passes for r in runs if r.passes is not None]
         out.append(f"| {comp.title} | {min(len(rs) for rs in per_curve)} of {res.plan.seeds} | {len(runs)} | "
                    f"{span([r.final_tokens / sizes(r) for r in runs], '.1f')} | "
+                   f"{span([r.final_tokens / sizes.both(r)[1] for r in runs], '.1f')} | "
                    f"{span([r.final_eval['step'] for r in runs], ',')} | "
                    f"{span(passes, '.2f') if passes else '–'} |")
         for r in runs:
@@ -71,12 +79,16 @@ def proxy_section(res: Results) -> list[str]:
                 seen.add(r.path)
                 if p := problems(r, sizes(r)):
                     flagged[r.path.name] = p
-    rules = (f"≥ {proxy.MIN_TOKENS_PER_PARAM:g} tokens per parameter, ≥ {proxy.MIN_STEPS:,} steps and "
+    rules = (f"≥ {proxy.MIN_TOKENS_PER_PARAM:g} tokens per compute parameter, ≥ {proxy.MIN_STEPS:,} steps and "
              f"≤ {proxy.MAX_PASSES} passes over the training data")
     if not seen:
         return ["No run has finished yet.", ""]
-    out += ["", "Tokens per parameter: the tokens of the final evaluation over N, the run's compute parameters "
-            "(without the input embedding; for MoE all experts; docs/paper.md §3.6). Passes: the loader's count at the "
+    every = list({r.path: r for rs in (res.runs_of(c, k) for c in res.plan.comparisons for k in c.curves)
+                  for r in rs.values()}.values())
+    out += ["", "Tokens per compute parameter: the tokens of the final evaluation over N, the run's compute parameters "
+            "(without the input embedding; for MoE all experts; docs/paper.md §3.6); the next column counts every "
+            f"parameter, the input embedding too ({span([r.final_tokens / sizes.both(r)[1] for r in every], '.1f')} "
+            "over every run): the floor of 10 holds for the first count only. Passes: the loader's count at the "
             "last logged train step (metrics.jsonl's `epoch`). Seeds: finished, for the curve with the fewest.", ""]
     if not flagged:
         out.append(f"Every one of the {len(seen)} finished runs ends at {rules}.")
@@ -94,75 +106,12 @@ def proxy_section(res: Results) -> list[str]:
 
 
 def corpus_lines(run: Run) -> list[str]:
-    from data.shards import DataError, load_meta
-    try:
-        meta = load_meta(run.cfg.data.dir)
-    except (DataError, FileNotFoundError):  # the runs' data is not prepared here (a page rewritten from archived runs)
+    counts = proxy.corpus_split_tokens(run.cfg)
+    if counts is None:  # another corpus, not prepared here
         return []
-    return ["", f"The training corpus holds {meta.splits['train'].tokens:,} tokens ({run.cfg.data.dir}), its "
-            f"validation split {meta.splits['val'].tokens:,}, of which each evaluation reads the first "
-            f"{min(run.cfg.train.eval_tokens, meta.splits['val'].tokens):,}."]
-
-
-def reading(res: Results, orderings: list[bool]) -> list[str]:
-    rows = [r for r in res.rows if r.same_as is None]
-    counted = [r for r in rows if r.counted]
-    groups: dict[str, list[Row]] = {}
-    for r in rows:
-        groups.setdefault(verdict_class(r.delta, r.paper), []).append(r)
-    dupes = len(res.rows) - len(rows)
-    again = f" ({dupes} more {'row is' if dupes == 1 else 'rows are'} the same runs as another, shown once)"
-    out = [f"Of {len(rows)} distinct deltas" + (again if dupes else "") + ": "
-           + "; ".join(f"{len(groups[k])} {k}" for k in VERDICTS if k in groups) + ".", ""]
-    for k in VERDICTS[:6]:
-        if k in groups:
-            out.append(f"- **{k}**: " + "; ".join(
-                f"{r.title} ({fmt(r.delta, True).split(' [')[0]}" + (f", MDE {r.delta.mde:.4f}" if k == NOISE else "")
-                + (f", paper {r.paper:+.4f}" if r.paper is not None else "") + ")" for r in groups[k]))
-    resolved = sum(r.delta.resolved for r in counted)
-    m = len(counted)
-    if m:
-        out += ["", f"Chance alone: with {m} distinct deltas tested at 95 %, {ALPHA * m:.2f} would come out resolved "
-                f"if every true delta were 0; {resolved} did, which {m} independent zero deltas would give with "
-                f"probability {at_least(resolved, m):.2g} (binomial). The deltas share reference runs and are not "
-                "independent, so read that as a scale, not a test."]
-    if not counted:  # every curve has one seed so far: no delta has an interval, and a tally of 0 of 0 says nothing
-        return out + ["", "No delta has two seeds yet: there is nothing to tally against the paper's signs.", ""]
-    signed = [r for r in counted if r.paper is not None]
-    both = [r for r in counted if r.delta.resolved and r.wiki is not None]
-    agree = [r for r in both if (r.delta.mean > 0) == (r.wiki.mean > 0)]
-    out += ["", f"Resolved or not, {sum((r.delta.mean > 0) == (r.paper > 0) for r in signed)} of the {len(signed)} "
-            f"mean deltas have the paper's sign. On WikiText-2, {len(agree)} of the {len(both)} resolved deltas keep "
-            f"their sign ({sum(r.wiki.resolved for r in agree)} of them resolved there too), and {sum(orderings)} of "
-            f"the {len(orderings)} comparisons of three or more curves order them as the validation loss does.", ""]
-    return out + versus_v1(res)
-
-
-def versus_v1(res: Results) -> list[str]:
-    """v1's summary as it was, then which of its deltas persist here (same sign, resolved in both) and which fade."""
-    kinds: dict[str, list[str]] = {}
-    for r in res.rows:
-        old = V1_DELTAS.get((r.comparison.key, r.label))
-        if old is None or not r.counted:
-            continue
-        now = r.delta
-        if old.resolved and now.resolved:
-            kind = "persist" if (old.mean > 0) == (now.mean > 0) else "reverse"
-        elif old.resolved:
-            kind = "fade"
-        else:
-            kind = "appear" if now.resolved else "stay within noise"
-        kinds.setdefault(kind, []).append(f"{r.title} ({old.mean:+.4f} → {now.mean:+.4f})")
-    out = ["### v2 against v1", "", V1_SUMMARY, ""]
-    if not kinds:
-        return out + ["No comparison of v1 has finished runs here yet.", ""]
-    text = {"persist": "resolved in both with the same sign", "fade": "resolved in v1, within noise now",
-            "reverse": "resolved in both with opposite signs", "appear": "within noise in v1, resolved now",
-            "stay within noise": "within noise in both"}
-    n = sum(map(len, kinds.values()))
-    out.append(f"Of the {n} deltas measured in both (v1 → v2):")
-    out += [f"- **{k}** ({text[k]}): " + "; ".join(kinds[k]) for k in text if k in kinds]
-    return out + [""]
+    train, val = counts
+    return ["", f"The training corpus holds {train:,} tokens ({run.cfg.data.dir}), its validation split {val:,}, of "
+            f"which each evaluation reads the first {min(run.cfg.train.eval_tokens, val):,}."]
 
 
 def write_page(plan: Plan, where: dict, page: Path, cpu_seconds: float, wiki: str) -> None:
@@ -175,35 +124,67 @@ def write_page(plan: Plan, where: dict, page: Path, cpu_seconds: float, wiki: st
     text = [
         "# Results: a measured small-scale reproduction of Figures 1 and 5–9",
         "",
-        "<!-- Written by `python -m scripts.results` from the runs' metrics.jsonl; edit repro/page.py and "
-        "repro/sections.py, not this file. -->",
+        "<!-- Written by `python -m scripts.results` from the runs' config.yaml and metrics.jsonl, and rebuilt from "
+        f"the archive by `{REBUILD}`; edit repro/page.py, repro/reading.py and repro/sections.py, not this file. -->",
         "",
-        f"Every number below comes from {len(res.loaded)} finished runs ({plan.seeds} seeds per curve) of the CPU "
-        f"proxy, written by `python -m scripts.results`, which ran them in **{cpu_seconds / 3600:.2f} CPU-hours** "
-        "(user + system time of every run's process, summed over every invocation). Deltas are *ours − reference* "
-        "in the final validation loss (held-out documents of the training corpus), paired by seed, with a 95 % "
-        "Student-t interval; WikiText-2 is its test set, never trained on, evaluated with the same final weights. "
-        "The MDE is the smallest true delta these seeds resolve with 80 % power at 95 %: (t₀.₉₇₅ + t₀.₈₀, n − 1 "
-        "degrees of freedom) · sd / √n of the paired deltas. A delta is *resolved* when its interval excludes 0. "
-        f"A resolved delta of the paper's sign *reproduces* it when the paper's value lies inside the interval or "
-        f"ours/paper is within [{1 / FACTOR:g}, {FACTOR:g}]; outside both it is *right sign, larger* or *right sign, "
-        "smaller*. A row that is the same runs as another is shown once; runs shared between comparisons are "
-        "marked †.",
+        *intro(res, cpu_seconds),
         "",
+        *scope(res),
+        "",
+        "## The reading in plain words",
+        "",
+        *plain_reading(res),
         "## The proxy",
         "",
         *proxy_why(),
         "",
         *proxy_section(res),
-        "## Reading",
+        "## The count",
         "",
-        *reading(res, orderings),
+        *count_section(res, orderings),
         "## The comparisons",
         "",
         *body,
     ]
     page.parent.mkdir(parents=True, exist_ok=True)
     page.write_text("\n".join(text).rstrip() + "\n")
+
+
+def intro(res: Results, cpu_seconds: float) -> list[str]:
+    return [
+        f"Every number below comes from {len(res.loaded)} finished runs ({res.plan.seeds} seeds per curve) of the "
+        f"CPU proxy, written by `python -m scripts.results`, which ran them in **{cpu_seconds / 3600:.2f} CPU-hours** "
+        "(user + system time of every run's process, summed over every invocation); this page is rebuilt from the "
+        f"runs' archive by `{REBUILD}`. Deltas are *ours − reference* in the final validation loss (the eval set "
+        "below), paired by seed, with a 95 % Student-t interval; WikiText-2 is its test set, never trained on, "
+        "evaluated with the same final weights. The MDE is the smallest true delta these seeds resolve with 80 % "
+        "power at 95 %: (t₀.₉₇₅ + t₀.₈₀, n − 1 degrees of freedom) · sd / √n of the paired deltas. A delta is "
+        "*resolved* when its interval excludes 0. Each verdict says what the interval can say about the paper's "
+        "value: resolved with the paper's sign, a delta *reproduces* the paper only when its interval holds the "
+        "paper's value (ours/paper printed), and is *right sign, larger* or *right sign, smaller* when it does not; "
+        "resolved with the opposite sign it *contradicts* the paper. Unresolved, an interval that excludes the "
+        "paper's value means *the paper's size is ruled out here*; one that holds it *cannot tell at this power "
+        "(uninformative)* when the MDE exceeds the paper's |Δ| (not evidence of no effect), and is *undecided at "
+        "this power* when it does not. A row that is the same runs as another is shown once; runs shared between "
+        "comparisons are marked †.",
+    ]
+
+
+def scope(res: Results) -> list[str]:
+    """What these runs are (v2's) and what of issue 29 they cannot do (its items that need new runs)."""
+    evals = sorted({r.cfg.train.eval_tokens for r in res.loaded})
+    read = " or ".join(f"{e:,}" for e in evals) if evals else "–"
+    return [
+        f"**Still the v2 runs, read with v3's rules.** Each evaluation reads the first {read} tokens of the "
+        "corpus's validation split, which holds its documents in corpus order, Shakespeare's works first "
+        "(data/builtin.py): the validation loss here is Shakespeare's alone, with no King James text, though the "
+        "model trains on both. What is new is how the same runs are read (issue 29, items 2, 3, 6 and 7): labels "
+        "that say when an interval excludes the paper's value or cannot tell, a count over linearly independent "
+        "rows with Holm and Benjamini–Hochberg corrections, bootstrap intervals on every multiplier and crossing, "
+        "and the seeds each central claim needs. The items that need new runs are not done: an eval set that is "
+        "the training mixture (item 1), the seeds that would power the central claims (item 4: the count below "
+        "says how many) and best lr against best lr for the headline (item 5).",
+    ]
 
 
 def section(res: Results, comp: Comparison, img_dir: Path, orderings: list[bool]) -> list[str]:
@@ -226,9 +207,11 @@ def proxy_why() -> list[str]:
         f"BPE, sequences of {proxy.SEQ_LEN}, heads of {proxy.HEAD_DIM}. Llama-0.12B's proxy is {dense.label} "
         f"and MoE-0.5B's {moe.label} with top-{max(1, moe.n_experts // 4)} routing, both eager fp32. "
         f"Every run's batch and steps are sized by its tokens per parameter (repro/proxy.py): "
-        f"{proxy.TOKENS_PER_PARAM:g} × N tokens, N the baseline strategy's compute parameters at the run's shape, "
-        f"in ≥ {proxy.MIN_STEPS:,} steps with a warmup of {proxy.WARMUP_FRAC:.0%} of them (the paper's 1,000 of "
-        "20,000), so every strategy of a comparison sees the same tokens. The paper's lr, schedule shape and weight "
+        f"{proxy.TOKENS_PER_PARAM:g} × N tokens, N the baseline strategy's compute parameters (without the input "
+        "embedding) at the run's shape, "
+        f"in ≥ {proxy.MIN_STEPS:,} steps with a warmup of {proxy.WARMUP_FRAC:.0%} of them (the paper does not "
+        "state its warmup, docs/paper.md §3.1; this repository's paper-size configs use 1,000 of 20,000 steps), so "
+        "every strategy of a comparison sees the same tokens. The paper's lr, schedule shape and weight "
         "decay are kept; only Fig. 1's grid retunes the lr. Fig. 6's ladder is "
         + ", ".join(s.label for s in proxy.DENSE_LADDER) + "; Fig. 7's is "
         + ", ".join(s.label for s in proxy.MOE_LADDER) + ", each rung at the same tokens per parameter.",

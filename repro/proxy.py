@@ -5,8 +5,9 @@ The ratio that decides what a run measures is tokens per parameter: the paper's 
 81.1M compute parameters (≈ 130; docs/paper.md §3.1, §3.6), and a run stopped at 0.2 measures only how fast a design
 leaves the starting line. Every proxy run therefore trains on TOKENS_PER_PARAM × N tokens, N counted as the paper's
 compute axis counts it (every parameter but the input embedding; for MoE the total, not the activated ones; docs/paper.md
-§3.6), over at least MIN_STEPS optimizer steps, with a warmup of WARMUP_FRAC of them (the paper's 1,000 of 20,000
-for the 0.12B model), reading the built-in corpus at most MAX_PASSES times. N is the *baseline strategy's* at the
+§3.6), over at least MIN_STEPS optimizer steps, with a warmup of WARMUP_FRAC of them (the paper does not state its
+warmup, docs/paper.md §3.1; this repository's paper-size configs warm up 1,000 of 20,000 steps), reading the
+built-in corpus at most MAX_PASSES times. N is the *baseline strategy's* at the
 run's shape, so every strategy of a comparison trains on the same tokens (the paper compares at equal tokens); the
 few thousand extra scale parameters of a design (HG, DNP, OR; 1.5 % at the dense proxy) leave it above 10.
 
@@ -140,12 +141,22 @@ class Sizing:
 
 def compute_params(cfg: RunConfig) -> int:
     """N of the compute axis: every parameter but the input embedding (total, not activated, for MoE)."""
+    return _meta_model(cfg).num_params(exclude_embedding=True)
+
+
+def total_params(cfg: RunConfig) -> int:
+    """Every parameter, the input embedding included: the other way to count N, beside compute_params."""
+    return _meta_model(cfg).num_params()
+
+
+def _meta_model(cfg: RunConfig):
+    """The run's model on the meta device: its shapes, no memory."""
     import torch
 
     from config import resolve_vocab
     from model.llama import Llama
     with torch.device("meta"):
-        return Llama(resolve_vocab(cfg)).num_params(exclude_embedding=True)
+        return Llama(resolve_vocab(cfg))
 
 
 def corpus_tokens(cfg: RunConfig) -> int:
@@ -158,7 +169,23 @@ def corpus_tokens(cfg: RunConfig) -> int:
         return BUILTIN_BPE1024_TRAIN_TOKENS
 
 
-BUILTIN_BPE1024_TRAIN_TOKENS = 3_490_345  # builtin:pd_english in bpe:1024, val_frac 0.02
+def corpus_split_tokens(cfg: RunConfig) -> Optional[tuple[int, int]]:
+    """(train, val) tokens of a run's corpus: from the prepared dir when it is there, else, for the proxy's own corpus,
+    the counts measured when its runs were made (so a page rewritten from archived runs says the same); None for
+    another corpus that is not prepared here."""
+    from data.shards import DataError, load_meta
+    try:
+        splits = load_meta(cfg.data.dir).splits
+        return splits["train"].tokens, splits["val"].tokens
+    except (DataError, FileNotFoundError, KeyError):
+        d = cfg.data
+        if (d.source, d.tokenizer, d.val_frac, d.max_tokens) == ("builtin:pd_english", "bpe:1024", 0.02, None):
+            return BUILTIN_BPE1024_TRAIN_TOKENS, BUILTIN_BPE1024_VAL_TOKENS
+        return None
+
+
+# builtin:pd_english in bpe:1024, val_frac 0.02 (data_cache/pd_english_bpe1024/meta.json when these runs were made)
+BUILTIN_BPE1024_TRAIN_TOKENS, BUILTIN_BPE1024_VAL_TOKENS = 3_490_345, 105_578
 
 
 def size(figure_config: Path, shape: Shape, overrides: tuple[str, ...] = ()) -> Sizing:

@@ -5,11 +5,13 @@ with ours/paper, the 95 % interval, the MDE and the verdict), its Δ-loss curves
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from repro.comparisons import Comparison, Curve, lr_text
-from repro.laws import LadderLaw, Rung, ladder_law, pflops_days, times, times_text
+from repro.laws import (LadderLaw, Rung, ladder_law, pflops_days, ratio_text, times, times_interval,
+                        times_text)
 from repro.measure import CurvePanel, Results, Row, lr_curve
 from repro.plotting import draw_deltas, plot_law
 from repro.proxy import compute_params
@@ -113,22 +115,49 @@ def lr_grid_section(res: Results, comp: Comparison, img_dir: Path) -> list[str]:
     return out + image(res, comp, panels, img_dir)
 
 
+@dataclass(frozen=True)
+class LadderRung:
+    """A ladder rung as the page reads it: its row, the baseline's compute parameters and final tokens, and C."""
+    row: Row
+    n: int
+    tokens: int
+    compute: float  # the paper's markers: both strategies at the baseline's C (docs/paper.md §4.5)
+    rung: Rung
+
+
+def ladder_rungs(res: Results, comp: Comparison) -> list[Optional[LadderRung]]:
+    """Each rung of a ladder comparison (None where its baseline has no finished run)."""
+    out = []
+    for (base, uni), row in zip(comp.rungs, res.rows_of(comp)):
+        runs = res.runs_of(comp, base)
+        if not runs:
+            out.append(None)
+            continue
+        run = next(iter(runs.values()))
+        n = compute_params(run.cfg)
+        c = pflops_days(n, run.final_tokens)
+        out.append(LadderRung(row, n, run.final_tokens, c,
+                              Rung(c, {"baseline": res.finals(comp, base), "unified": res.finals(comp, uni)})))
+    return out
+
+
+def law_of(res: Results, comp: Comparison) -> Optional[LadderLaw]:
+    """The ladder's laws (repro/laws.py), None with fewer than two rungs measured."""
+    return ladder_law([r.rung for r in ladder_rungs(res, comp) if r], "baseline", "unified")
+
+
 def ladder_section(res: Results, comp: Comparison, img_dir: Path) -> list[str]:
     """Figs. 6, 7: baseline vs unified at each rung, then the two laws L = a·C^b as the data has them."""
     out = [f"### {comp.title}", "", f"| rung | N (compute) | tokens | C (PFLOP/s-days) | baseline | unified | "
            f"{DELTA_HEAD} |", "|---" * 12 + "|"]
     rungs, notes = [], {}
-    for (base, uni), row in zip(comp.rungs, res.rows_of(comp)):
-        runs = res.runs_of(comp, base)
-        if not runs:
+    for (base, uni), row, lr in zip(comp.rungs, res.rows_of(comp), ladder_rungs(res, comp)):
+        if lr is None:
             out.append(f"| {row.label} | | | | – | {fmt(res.final(comp, uni))} | {delta_cells(row)} |")
             continue
-        run = next(iter(runs.values()))
-        n = compute_params(run.cfg)
-        c = pflops_days(n, run.final_tokens)  # the paper's markers: both strategies at the baseline's C (§4.5)
-        out.append(f"| {marked(res, comp, base, row.label, notes)} | {n:,} | {run.final_tokens:,} | {c:.3g} | "
+        out.append(f"| {marked(res, comp, base, row.label, notes)} | {lr.n:,} | {lr.tokens:,} | {lr.compute:.3g} | "
                    f"{fmt(res.final(comp, base))} | {fmt(res.final(comp, uni))} | {delta_cells(row)} |")
-        rungs.append(Rung(c, {"baseline": res.finals(comp, base), "unified": res.finals(comp, uni)}))
+        rungs.append(lr.rung)
     out += footnote(notes)
     out += ["", "A rung has no paper size of its own: its Δ is read against the mean of the paper's sizes ("
             + ", ".join(f"{k.upper()} {v:+.4f}" for k, v in comp.paper_sizes) + f"; {comp.cite}).", ""]
@@ -146,48 +175,65 @@ def ladder_section(res: Results, comp: Comparison, img_dir: Path) -> list[str]:
 
 def law_lines(law: LadderLaw, paper: Optional[float]) -> list[str]:
     """The laws, the multiplier at each rung, the exponents' difference, the crossing, and a headline only for
-    parallel laws (docs/paper.md §4.5: the paper's are parallel, one multiplier)."""
-    ref, new = law.fits[law.reference], law.fits[law.other]
+    parallel laws (docs/paper.md §4.5: the paper's are parallel, one multiplier); every multiplier and the crossing
+    with its bootstrap interval over seeds (repro/laws.py)."""
+    ref, new, boot = law.fits[law.reference], law.fits[law.other], law.boot
+    per_rung = boot.log_multipliers if boot else [None] * len(law.compute)
     out = [f"Power laws fitted to the seed means: baseline L = {ref.a:.4f}·C^{ref.b:.4f}, unified L = "
            f"{new.a:.4f}·C^{new.b:.4f}. The equal-loss compute multiplier of unified over baseline at each rung: the "
            "rung's compute over the compute unified's law needs for the loss the baseline's law gives there (above "
-           "1: unified reaches that loss with less):", "",
-           "| C (PFLOP/s-days) | multiplier (seed-mean laws) | 95 % CI over the seeds' own laws |", "|---|---|---|"]
-    out += [f"| {c:.3g} | {times_text(m)} | {times(s)} |" for c, m, s in zip(law.compute, law.log_multipliers,
-                                                                             law.seed_multipliers)]
+           "1: unified reaches that loss with less), with two intervals: the 2.5–97.5 percentiles over "
+           f"{boot.resamples if boot else 0:,} bootstrap resamples of the seeds (per rung, paired, the laws refitted "
+           "to each resample's means), and the t interval over the seeds' own laws:", "",
+           "| C (PFLOP/s-days) | multiplier (seed-mean laws) | 95 % bootstrap over seeds | 95 % CI over the seeds' own "
+           "laws (t) |", "|---|---|---|---|"]
+    out += [f"| {c:.3g} | {times_text(m)} | {times_interval(b) if b else '–'} | {times(s)} |"
+            for c, m, b, s in zip(law.compute, law.log_multipliers, per_rung, law.seed_multipliers)]
     d = law.exponent_diff
     if law.parallel is None:
         parallel = "With fewer than two seeds' laws the exponents' difference has no interval."
     else:
         parallel = (f"The exponents differ by b_unified − b_baseline = {d.mean:+.4f} [{d.lo:+.4f}, {d.hi:+.4f}] over "
-                    f"the {d.n} seeds' own laws (paired by seed): "
-                    + ("the interval holds 0, so the laws are parallel within it." if law.parallel
-                       else "the interval excludes 0: the laws are not parallel."))
+                    f"the {d.n} seeds' own laws (paired by seed"
+                    + (f"; bootstrap [{boot.exponent_diff[0]:+.4f}, {boot.exponent_diff[1]:+.4f}]" if boot else "")
+                    + "): " + ("the interval holds 0, so the laws are parallel within it." if law.parallel
+                               else "the interval excludes 0: the laws are not parallel."))
     out += ["", parallel]
     if not law.falling:
         out.append("A seed-mean law whose loss does not fall with compute (b ≥ 0) gives no meaningful multiplier.")
     cross = law.crossing
-    if cross is not None and not 0 < cross < math.inf:
+    if cross is not None and boot is None:
+        out.append("The laws' crossing is not given: a rung has fewer than two paired seeds, so it has no interval.")
+    elif cross is not None and not 0 < cross < math.inf:
         out.append("The seed-mean laws are so nearly parallel that they cross only far outside any compute range.")
     elif cross is not None:
         where = {"inside": "inside the measured range", "above": "above the measured range",
                  "below": "below the measured range"}[law.crossing_place]
         ahead = "unified" if law.log_multipliers[-1] > 0 else "baseline"
-        out.append(f"The seed-mean laws cross at C = {cross:.3g} PFLOP/s-days, {cross / max(law.compute):.3g}× the "
-                   f"largest rung's compute ({where}); at the largest rung {ahead} is ahead.")
+        out.append(f"The seed-mean laws cross at C = {cross:.3g} PFLOP/s-days, {ratio_text(crossing_log(law))} the "
+                   f"largest rung's compute ({where}; 95 % bootstrap over seeds "
+                   f"{times_interval(boot.log_crossing, ratio_text)} of it); at the largest rung {ahead} is ahead.")
     paper_text = f" The paper: {paper:.2f}×, from parallel laws." if paper else ""
+    gm_boot = f"bootstrap {times_interval(boot.log_mean)}" if boot else "no bootstrap interval"
     if law.log_headline is not None:
         gm = law.mean_multiplier
-        ci = f" {times(gm)} over the seeds' own laws" if gm and gm.n >= 2 else ""
+        ci = f", t {times(gm)} over the seeds' own laws" if gm and gm.n >= 2 else ""
         out.append(f"One multiplier for the ladder (the laws being parallel): **{times_text(law.log_headline)}** "
-                   f"(geometric mean over the rungs){ci}.{paper_text}")
+                   f"(geometric mean over the rungs; {gm_boot}{ci}).{paper_text}")
     elif law.parallel and law.falling:
         out.append(f"No single multiplier: the laws are parallel within their interval, but the ladder's multiplier "
-                   f"(geometric mean over the rungs, {times_text(law.log_mean)} from the seed-mean laws) has the interval "
-                   f"{times(law.mean_multiplier)} over the seeds' own laws, which holds 1.{paper_text}")
+                   f"(geometric mean over the rungs, {times_text(law.log_mean)} from the seed-mean laws; {gm_boot}) "
+                   f"has the interval {times(law.mean_multiplier)} over the seeds' own laws, which holds 1."
+                   f"{paper_text}")
     else:
         lo, hi = min(law.log_multipliers), max(law.log_multipliers)
+        at_top = f" {times_interval(per_rung[-1])}" if per_rung[-1] else ""
         out.append(f"No single multiplier: it depends on the loss it is read at, from {times_text(lo)} to "
-                   f"{times_text(hi)} over the measured rungs ({times_text(law.log_multipliers[-1])} at the "
+                   f"{times_text(hi)} over the measured rungs ({times_text(law.log_multipliers[-1])}{at_top} at the "
                    f"largest).{paper_text}")
     return out + [""]
+
+
+def crossing_log(law: LadderLaw) -> float:
+    """log of the seed-mean laws' crossing over the largest rung's compute."""
+    return math.log(law.crossing) - math.log(max(law.compute))

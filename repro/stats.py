@@ -23,7 +23,6 @@ T80 = (1.376, 1.061, 0.978, 0.941, 0.920, 0.906, 0.896, 0.889, 0.883, 0.879, 0.8
        0.865, 0.863, 0.862, 0.861, 0.860, 0.859, 0.858, 0.858, 0.857, 0.856, 0.856, 0.855, 0.855, 0.854, 0.854)
 Z975, Z80 = 1.960, 0.842
 ALPHA = 0.05  # two-sided: the chance that a zero delta's interval excludes 0
-FACTOR = 2.0  # a resolved delta of the paper's sign within this factor of the paper's value reproduces it
 
 
 def t975(df: int) -> float:
@@ -81,42 +80,67 @@ def ratio(delta: Optional[Stat], paper: Optional[float]) -> Optional[float]:
     return delta.mean / paper
 
 
-# The verdict classes, in the order the page tallies them.
-REPRODUCES, LARGER, SMALLER, NOISE, OPPOSITE, RESOLVED, ONE_SEED, NO_RUNS = (
-    "reproduces", "right sign, larger", "right sign, smaller", "within noise", "opposite sign", "resolved",
-    "one seed", "no runs")
-VERDICTS = (REPRODUCES, LARGER, SMALLER, NOISE, OPPOSITE, RESOLVED, ONE_SEED, NO_RUNS)
+# The verdict classes, in the order the page tallies them. Each says what the interval can and cannot say about the
+# paper's value (issue 29, item 2): no label hides an interval that excludes the paper's value.
+REPRODUCES, LARGER, SMALLER, CONTRADICTS, RULED_OUT, UNINFORMATIVE, UNDECIDED, RESOLVED, UNRESOLVED, ONE_SEED, \
+    NO_RUNS = ("reproduces", "right sign, larger", "right sign, smaller", "contradicts",
+               "the paper's size is ruled out here", "cannot tell at this power (uninformative)",
+               "undecided at this power", "resolved", "unresolved", "one seed", "no runs")
+VERDICTS = (REPRODUCES, LARGER, SMALLER, CONTRADICTS, RULED_OUT, UNINFORMATIVE, UNDECIDED, RESOLVED, UNRESOLVED,
+            ONE_SEED, NO_RUNS)
+SUPPORTS = (REPRODUCES, LARGER, SMALLER)  # resolved, with the paper's sign
+FAR = 3.0  # a point estimate more than FAR times the paper's, or under 1/FAR of it, is far from the paper's
 
 
 def verdict_class(delta: Optional[Stat], paper: Optional[float]) -> str:
-    """Sign and size against the paper's value. A resolved delta (interval excluding 0) of the paper's sign
-    reproduces it when the paper's value lies inside the interval or ours/paper is within [1/FACTOR, FACTOR];
-    outside both it is larger or smaller than the paper's. An unresolved one is within noise."""
+    """What the interval says about the paper's value.
+
+    Resolved (the interval excludes 0): of the paper's sign, it *reproduces* the paper only when the interval holds
+    the paper's value, else it is *right sign, larger* or *smaller* (the paper's value outside the interval); of the
+    opposite sign it *contradicts* the paper. Unresolved: an interval that excludes the paper's value rules the
+    paper's size out here (a verdict of its own, not noise); one that holds it cannot tell when the MDE exceeds the
+    paper's |Δ| (these seeds could not have seen the paper's effect: uninformative, not a null), and is *undecided*
+    when the seeds had the power and the interval still holds both 0 and the paper's value."""
     if delta is None:
         return NO_RUNS
     if delta.n < 2:
         return ONE_SEED
-    if not delta.resolved:
-        return NOISE
-    r = ratio(delta, paper)
-    if r is None:
-        return RESOLVED
-    if r < 0:
-        return OPPOSITE
-    if delta.contains(paper) or 1 / FACTOR <= r <= FACTOR:
-        return REPRODUCES
-    return LARGER if r > FACTOR else SMALLER
+    if paper is None or paper == 0:
+        return RESOLVED if delta.resolved else UNRESOLVED
+    if delta.resolved:
+        if (delta.mean > 0) != (paper > 0):
+            return CONTRADICTS
+        if delta.contains(paper):
+            return REPRODUCES
+        return LARGER if abs(delta.mean) > abs(paper) else SMALLER
+    if not delta.contains(paper):
+        return RULED_OUT
+    return UNINFORMATIVE if delta.mde > abs(paper) else UNDECIDED
 
 
 def verdict(delta: Optional[Stat], paper: Optional[float]) -> str:
-    """The verdict as the page writes it: "within noise" always with the MDE of its seeds."""
+    """The verdict as a table cell writes it: with the ratio ours/paper where it reproduces, with the MDE against
+    the paper's |Δ| where the seeds lack (or have) the power to tell."""
     v = verdict_class(delta, paper)
-    return f"{NOISE} (MDE {delta.mde:.4f})" if v == NOISE else v
+    if v == REPRODUCES:
+        return f"{v} (ours/paper {ratio(delta, paper):.2f}{', far from the paper' if far(delta, paper) else ''})"
+    if v in (LARGER, SMALLER):
+        return f"{v} (the paper's value outside the interval)"
+    if v == CONTRADICTS:
+        return f"{v} (resolved, opposite sign)"
+    if v == RULED_OUT:
+        return f"unresolved; {v} (the interval excludes {paper:+.4f})"
+    if v == UNINFORMATIVE:
+        return f"{v}: MDE {delta.mde:.4f} > |paper| {abs(paper):.4f}"
+    if v == UNDECIDED:
+        return f"{v}: MDE {delta.mde:.4f} ≤ |paper| {abs(paper):.4f}, the interval holds 0 and the paper's value"
+    return v
 
 
-def at_least(k: int, m: int, p: float = ALPHA) -> float:
-    """P(X ≥ k) for X ~ Binomial(m, p): the chance that m independent zero deltas give k or more resolved ones."""
-    return sum(math.comb(m, j) * p ** j * (1 - p) ** (m - j) for j in range(k, m + 1))
+def far(delta: Optional[Stat], paper: Optional[float]) -> bool:
+    """The point estimate is of the opposite sign, or more than FAR times or under 1/FAR of the paper's."""
+    r = ratio(delta, paper)
+    return r is not None and delta.n >= 2 and (r < 0 or r > FAR or r < 1 / FAR)
 
 
 def fmt(s: Optional[Stat], sign: bool = False) -> str:

@@ -1,8 +1,10 @@
 """repro.laws and scripts.scaling_law: the paper's own markers give its compute multipliers; run directories are read,
-labeled by preset and placed on the paper's compute axis."""
+labeled by preset and placed on the paper's compute axis; the bootstrap over seeds gives every multiplier and
+crossing an interval that holds its estimate and narrows with the seeds' spread."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -68,3 +70,59 @@ def test_runs_are_labeled_and_placed_on_the_compute_axis(tmp_path):
     assert points["baseline"][0] == pytest.approx((6 * n * 10**9 / 8.64e19, 4.0))
     report = laws.analyze(points, "baseline")
     assert report.geometric_mean("unified") > 1.0
+
+
+# ------------------------------------------------------------------------------- bootstrap intervals over seeds
+
+def _ladder(ref, other, compute, spread, seeds=4):
+    """Each seed's losses on the two laws times 1 + spread·(a fixed pattern per seed and rung)."""
+    def wobble(s, i, k):
+        return 1 + spread * math.sin(1.7 * s + 2.3 * i + 0.9 * k + 0.3 * s * i)
+    return [laws.Rung(c, {"baseline": {s: ref.loss(c) * wobble(s, i, 0) for s in range(seeds)},
+                          "unified": {s: other.loss(c) * wobble(s, i, 1) for s in range(seeds)}})
+            for i, c in enumerate(compute)]
+
+
+def _width(lo_hi):
+    return lo_hi[1] - lo_hi[0]
+
+
+def test_bootstrap_intervals_hold_the_estimate_and_shrink_with_the_spread():
+    ref, other = laws.PowerLaw(3.0, -0.05), laws.PowerLaw(2.8, -0.04)  # not parallel: they cross at C ≈ 991
+    compute = [1.0, 4.0, 16.0, 64.0]
+    wide, narrow = (laws.ladder_law(_ladder(ref, other, compute, spread), "baseline", "unified")
+                    for spread in (0.004, 0.001))
+    for law in (wide, narrow):
+        boot = law.boot
+        assert boot.resamples == laws.BOOTSTRAP_RESAMPLES == 2000
+        for (lo, hi), m in zip(boot.log_multipliers, law.log_multipliers):
+            assert lo <= m <= hi
+        assert boot.log_mean[0] <= law.log_mean <= boot.log_mean[1]
+        cross = math.log(law.crossing / max(law.compute))
+        assert boot.log_crossing[0] <= cross <= boot.log_crossing[1]
+        b = law.fits["unified"].b - law.fits["baseline"].b
+        assert boot.exponent_diff[0] <= b <= boot.exponent_diff[1]
+    # A quarter of the seeds' spread: every interval narrower, by about 4×.
+    pairs = [*zip(wide.boot.log_multipliers, narrow.boot.log_multipliers), (wide.boot.log_mean, narrow.boot.log_mean),
+             (wide.boot.log_crossing, narrow.boot.log_crossing), (wide.boot.exponent_diff, narrow.boot.exponent_diff)]
+    for w, n in pairs:
+        assert 2 < _width(w) / _width(n) < 8
+    # A fixed RNG seed: the same runs give the same page.
+    again = laws.bootstrap_law(_ladder(ref, other, compute, 0.004), "baseline", "unified")
+    assert again == wide.boot
+    one = _ladder(ref, other, compute, 0.004)
+    one[0] = laws.Rung(1.0, {k: {0: v[0]} for k, v in one[0].losses.items()})  # a rung of one seed: no interval
+    assert laws.bootstrap_law(one, "baseline", "unified") is None
+
+
+def test_the_page_prints_no_crossing_or_multiplier_without_its_interval():
+    from repro.sections import law_lines
+    ref, other = laws.PowerLaw(3.0, -0.05), laws.PowerLaw(2.8, -0.04)
+    law = laws.ladder_law(_ladder(ref, other, [1.0, 4.0, 16.0, 64.0], 0.004), "baseline", "unified")
+    text = "\n".join(law_lines(law, 1.22))
+    cross = next(line for line in text.splitlines() if "cross at" in line)
+    assert f"95 % bootstrap over seeds {laws.times_interval(law.boot.log_crossing, laws.ratio_text)}" in cross
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "×" in line]
+    assert len(rows) == 4 and all(line.count("[") == 2 for line in rows)  # bootstrap and t, every rung
+    assert laws.times_interval(law.boot.log_multipliers[-1]) in text.splitlines()[-1]  # "No single multiplier: …"
+    assert laws.ratio_text(math.log(0.00125)) == "0.00125×" and laws.ratio_text(math.log(2e5)) == "> 1e+4×"

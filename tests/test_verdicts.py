@@ -1,6 +1,8 @@
-"""repro.stats, repro.measure and repro.laws on synthetic numbers: the MDE's formula and its 1/√n, verdicts on sign
-and size, a row with another's runs shown once, shared runs marked, v1 against v2, and the ladder's laws — parallel
-or not, where they cross, one headline multiplier only for parallel laws."""
+"""repro.stats, repro.significance, repro.contrasts, repro.measure and repro.laws on synthetic numbers: the MDE's
+formula and its 1/√n, every verdict label on constructed intervals, the t test's p values and the Holm and
+Benjamini–Hochberg counts, rows that are sums of others, a row with another's runs shown once, shared runs marked,
+v1 against v2, and the ladder's laws — parallel or not, where they cross, one headline multiplier only for parallel
+laws."""
 from __future__ import annotations
 
 import json
@@ -11,10 +13,12 @@ import pytest
 from config import load_config
 from repro.comparisons import Comparison, Curve, Plan
 from repro.laws import PowerLaw, Rung, crossing, ladder_law, log_multiplier_at
+from repro.contrasts import combination_text, contrasts
 from repro.measure import Results
-from repro.page import reading, versus_v1
+from repro.reading import count_section, count_sentence, plain_reading, versus_v1
 from repro.sections import delta_cells, law_lines, lr_grid_section
-from repro.stats import T80, T975, Stat, at_least, stat, verdict, verdict_class
+from repro.significance import benjamini_hochberg, betainc, holm, mde_at, p_value, seeds_for, t_cdf, t_two_sided
+from repro.stats import T80, T975, Stat, far, stat, verdict, verdict_class
 
 
 def t_quantile(p: float, df: int) -> float:
@@ -53,25 +57,80 @@ def test_mde_is_the_formula_and_shrinks_as_one_over_root_n():
     assert math.isnan(Stat(0.0, sd, 1).mde)
 
 
-def test_verdicts_on_sign_and_size():
-    paper = -0.0245
-    five_times = Stat(5 * paper, 0.004, 6)  # resolved, tight: the paper's value far outside the interval
-    assert five_times.resolved and not five_times.contains(paper)
-    assert verdict_class(five_times, paper) == "right sign, larger" != "reproduces"
-    assert verdict_class(Stat(paper / 5, 0.0005, 6), paper) == "right sign, smaller"
-    assert verdict_class(Stat(1.8 * paper, 0.004, 6), paper) == "reproduces"  # within the factor of 2
-    assert verdict_class(Stat(5 * paper, 0.1, 6), paper) == "reproduces"  # the paper's value inside the interval
-    assert verdict_class(Stat(-paper, 0.004, 6), paper) == "opposite sign"
-    noise = Stat(paper, 0.05, 4)
-    assert verdict(noise, paper) == f"within noise (MDE {noise.mde:.4f})"
+def test_every_verdict_label_on_constructed_intervals():
+    """Each label of repro/stats.py from an interval built for it (paper −0.02; half width t₀.₉₇₅ · sd / √n)."""
+    paper = -0.02
+    cases = {  # Stat → (label, interval)
+        "reproduces": Stat(-0.022, 0.004, 6),  # [-0.0262, -0.0178]: resolved, holds the paper's value
+        "right sign, larger": Stat(-0.1, 0.004, 6),  # [-0.104, -0.096]: resolved, the paper's value above it
+        "right sign, smaller": Stat(-0.005, 0.001, 6),  # [-0.006, -0.004]
+        "contradicts": Stat(+0.02, 0.004, 6),  # resolved, opposite sign
+        "the paper's size is ruled out here": Stat(+0.01, 0.02, 6),  # [-0.011, +0.031]: holds 0, not -0.02
+        "cannot tell at this power (uninformative)": Stat(-0.01, 0.05, 4),  # holds both; MDE 0.104 > 0.02
+        "undecided at this power": Stat(-0.01, 0.0379, 40),  # holds both (±0.0118); MDE 0.0168 ≤ 0.02
+    }
+    for label, s in cases.items():
+        assert verdict_class(s, paper) == label, (label, s.lo, s.hi, s.mde)
+    ruled = cases["the paper's size is ruled out here"]
+    assert not ruled.resolved and ruled.contains(0.0) and not ruled.contains(paper)
+    blind, undecided = cases["cannot tell at this power (uninformative)"], cases["undecided at this power"]
+    assert blind.contains(0.0) and blind.contains(paper) and blind.mde > abs(paper)
+    assert undecided.contains(0.0) and undecided.contains(paper) and undecided.mde <= abs(paper)
+    # What each cell says: the ratio where it reproduces, the MDE against |paper| where it cannot tell.
+    assert verdict(cases["reproduces"], paper) == "reproduces (ours/paper 1.10)"
+    assert verdict(ruled, paper) == "unresolved; the paper's size is ruled out here (the interval excludes -0.0200)"
+    assert verdict(blind, paper) == f"cannot tell at this power (uninformative): MDE {blind.mde:.4f} > |paper| 0.0200"
+    assert "within noise" not in " ".join(verdict(s, paper) for s in cases.values())
+    # A wide interval that holds a paper value 6.8× smaller reproduces it, and says it is far (hg_dp_or in v2).
+    wide = Stat(-0.0430, 0.0262, 4)
+    assert verdict_class(wide, -0.0063) == "reproduces" and far(wide, -0.0063)
+    assert verdict(wide, -0.0063) == "reproduces (ours/paper 6.83, far from the paper)"
+    assert far(cases["contradicts"], paper) and far(cases["right sign, smaller"], paper)
+    assert not far(cases["reproduces"], paper) and not far(cases["reproduces"], None)
+    # Without a paper value, without seeds.
+    assert verdict_class(cases["right sign, larger"], None) == "resolved"
+    assert verdict_class(blind, None) == "unresolved"
     assert verdict(Stat(paper, 0.0, 1), paper) == "one seed" and verdict(None, paper) == "no runs"
-    assert verdict(five_times, None) == "resolved"
 
 
-def test_chance_is_binomial():
-    assert at_least(0, 24) == pytest.approx(1.0)
-    assert at_least(1, 20) == pytest.approx(1 - 0.95 ** 20)
-    assert at_least(3, 10) == pytest.approx(1 - sum(math.comb(10, j) * 0.05 ** j * 0.95 ** (10 - j) for j in range(3)))
+def test_t_cdf_from_the_incomplete_beta():
+    # The tables' two-sided 5 % points give p = 0.05, and a few closed forms: df 1 is Cauchy, df 2 has
+    # P(T ≤ t) = 1/2 + t / (2·√(2 + t²)).
+    for df, t in ((4, 2.776), (1, 12.706), (10, 2.228), (30, 2.042)):
+        assert t_two_sided(t, df) == pytest.approx(0.05, abs=2e-4)
+        assert t_two_sided(T975[df - 1], df) == pytest.approx(0.05, abs=2e-4)
+    assert t_cdf(1.0, 1) == pytest.approx(0.75, abs=1e-12)  # ½ + atan(1)/π
+    for t in (-3.0, -0.4, 0.0, 0.7, 5.0):
+        assert t_cdf(t, 2) == pytest.approx(0.5 + t / (2 * math.sqrt(2 + t * t)), abs=1e-12)
+    assert t_two_sided(0.0, 7) == pytest.approx(1.0) and t_two_sided(math.inf, 3) == 0.0
+    assert t_cdf(-2.0, 5) == pytest.approx(1 - t_cdf(2.0, 5), abs=1e-12)
+    assert betainc(2.0, 3.0, 0.4) == pytest.approx(0.5248, abs=1e-12)  # 1 − Σ_{j<2} C(4,j) 0.4^j 0.6^(4−j)
+    # The paired test: t = mean / (sd / √n), n − 1 degrees of freedom.
+    assert p_value(Stat(0.05, 0.05 * math.sqrt(5) / 2.776, 5)) == pytest.approx(0.05, abs=2e-4)
+    assert p_value(Stat(0.01, 0.0, 3)) == 0.0 and p_value(Stat(0.0, 0.0, 3)) == 1.0 and p_value(Stat(1, 0, 1)) is None
+
+
+def test_holm_and_benjamini_hochberg():
+    p = [0.01, 0.04, 0.03, 0.005]
+    # Holm: 0.005 ≤ 0.05/4, 0.01 ≤ 0.05/3, then 0.03 > 0.05/2 stops it.
+    assert holm(p) == [True, False, False, True]
+    # BH: the largest k with p_(k) ≤ k·0.05/4 is k = 4 (0.04 ≤ 0.05): all four.
+    assert benjamini_hochberg(p) == [True, True, True, True]
+    assert benjamini_hochberg([0.02, 0.5, 0.03]) == [True, False, True]  # 0.03 ≤ 2·0.05/3: both smaller ones
+    assert benjamini_hochberg([0.02, 0.5, 0.04]) == [False, False, False]  # 0.02 > 0.05/3, 0.04 > 0.1/3, 0.5 > 0.05
+    assert holm([]) == [] and benjamini_hochberg([]) == []
+    for ps in ([0.001, 0.2, 0.012, 0.013, 0.04], [0.3, 0.6], [0.0004] * 5):
+        h, b = holm(ps), benjamini_hochberg(ps)
+        assert all(b_ for h_, b_ in zip(h, b) if h_)  # BH rejects at least what Holm does
+
+
+def test_seeds_for_an_mde():
+    sd = 0.051  # Fig. 6's d64 L4 rung in v2
+    n = seeds_for(sd, 0.0302)
+    assert mde_at(sd, n) <= 0.0302 < mde_at(sd, n - 1)
+    assert mde_at(sd, 4) == pytest.approx(Stat(0.0, sd, 4).mde)
+    assert seeds_for(0.0, 0.02) == 2 and seeds_for(sd, 0.0) is None
+    assert seeds_for(sd / 2, 0.0302) < n  # half the spread, fewer seeds
 
 
 # ---------------------------------------------------------------------------------------------- runs, rows
@@ -152,13 +211,56 @@ def test_v1_deltas_persist_or_fade(tmp_path):
     assert "Of the 1 deltas measured in both" in text and "0.15–0.17 tokens per parameter" in text
 
 
+def chain_plan(tmp_path, finals: dict[str, list[float]]):
+    """Two panels over four curves' runs: "A" (reference r: x, y, z) and "B" (reference x: y), so that B's y − x is
+    A's y − r minus A's x − r; z is on its own."""
+    a = Comparison("fig5-a", "A", "§4.4", (Curve("r", "5", "r"), Curve("x", "5", "x", paper_delta=-0.01),
+                                           Curve("y", "5", "y", paper_delta=-0.02),
+                                           Curve("z", "5", "z", paper_delta=0.01)))
+    b = Comparison("fig5-b", "B", "§4.4", (Curve("x", "5", "x"), Curve("y", "5", "y", paper_delta=-0.01)))
+    where = {}
+    for name, values in finals.items():
+        for s, v in enumerate(values):
+            fake_run(tmp_path / f"{name}-s{s}", [v + 0.1, v])
+            for comp in (a, b):
+                where[(f"{comp.key}/{name}", s)] = tmp_path / f"{name}-s{s}"
+    return Plan(len(next(iter(finals.values()))), (4e-3,), (), [a, b]), where
+
+
+def test_rows_that_are_sums_of_others_are_not_counted_again(tmp_path):
+    plan, where = chain_plan(tmp_path, {"r": [3.0, 3.01, 2.99, 3.0], "x": [2.98, 2.985, 2.975, 2.99],
+                                        "y": [2.9, 2.93, 2.88, 2.91], "z": [3.0, 3.05, 2.96, 3.02]})
+    res = Results(plan, where, "wiki")
+    assert [r.title for r in res.rows] == ["A: x", "A: y", "A: z", "B: y"] and all(r.counted for r in res.rows)
+    c = contrasts(res.rows)
+    assert [r.title for r in c.basis] == ["A: x", "A: y", "A: z"]
+    (row, terms), = c.sums
+    assert row.title == "B: y" and [(k, t.title) for k, t in terms] == [(-1.0, "A: x"), (1.0, "A: y")]
+    assert combination_text(terms) == "−*A: x* + *A: y*"
+    assert row.delta.mean == pytest.approx(res.rows[1].delta.mean - res.rows[0].delta.mean)
+    text = "\n".join(count_section(res, []))
+    assert "- *B: y* = −*A: x* + *A: y*" in text and "3 rows form the basis" in text
+    # The tests run over the basis only: one p per basis row, Holm and BH over those three.
+    p = [p_value(r.delta) for r in c.basis]
+    table = [line for line in text.splitlines() if line.startswith(("| A: ", "| B: "))]
+    assert [line.split(" | ")[0] for line in table] == ["| A: x", "| A: y", "| A: z"]
+    assert [line.split(" | ")[2] for line in table] == [f"{v:.2g}" for v in p]
+    sentence = count_sentence(res, c)
+    assert sentence.startswith("Counting only what is measured once: 3 of the 4 distinct rows are linearly independent")
+    assert f"{sum(holm(p))} {'survives' if sum(holm(p)) == 1 else 'survive'} Holm's" in sentence
+    assert f"and {sum(benjamini_hochberg(p))} Benjamini–Hochberg's" in sentence
+    plain = "\n".join(plain_reading(res))
+    assert sentence in plain and "**Supported**" in plain
+
+
 def test_a_page_of_one_seed_tallies_no_signs(tmp_path):
     plan, where = grid_plan(tmp_path, {"baseline lr 4e-3": 3.0, "none lr 4e-3": 3.03, "baseline lr 8e-3": 3.2,
                                        "none lr 8e-3": 3.3})
     one = {key: path if key[1] == 0 else tmp_path / "not-run" for key, path in where.items()}  # seeds 1, 2 unrun
-    text = "\n".join(reading(Results(plan, one, "wiki"), []))
+    text = "\n".join(count_section(Results(plan, one, "wiki"), []))
     assert "No delta has two seeds yet" in text and "of the 0 mean deltas" not in text
-    text = "\n".join(reading(Results(plan, where, "wiki"), []))  # three seeds: the tally is back
+    assert "No delta has two seeds yet" in "\n".join(plain_reading(Results(plan, one, "wiki")))
+    text = "\n".join(count_section(Results(plan, where, "wiki"), []))  # three seeds: the tally is back
     assert "No delta has two seeds yet" not in text and "1 of the 1 mean deltas have the paper's sign" in text
 
 

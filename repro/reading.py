@@ -1,0 +1,237 @@
+"""The results page's reading: first in plain words (which of the paper's claims the proxy supports, contradicts,
+rules out in size, or cannot resolve, with the numbers), then the count behind it — the rows that are sums of others,
+each independent row's paired t test with the Holm and Benjamini–Hochberg corrections, the seeds each central claim
+needs — and v1 against v2. Labels are repro/stats.py's, the basis repro/contrasts.py's, the tests
+repro/significance.py's, the laws repro/laws.py's through repro/sections.py.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from repro.comparisons import Comparison
+from repro.contrasts import Contrasts, combination_text, contrasts
+from repro.laws import LadderLaw, ratio_text, times, times_interval, times_text
+from repro.measure import Results, Row
+from repro.proxy import DENSE, MOE
+from repro.sections import crossing_log, law_of
+from repro.significance import benjamini_hochberg, holm, p_value, seeds_for
+from repro.stats import (ALPHA, CONTRADICTS, FAR, LARGER, REPRODUCES, RULED_OUT, SMALLER, UNDECIDED, UNINFORMATIVE,
+                         VERDICTS, far, fmt, ratio, verdict_class)
+from repro.v1 import V1_DELTAS, V1_SUMMARY
+
+# The paper's central claims (issue 29, item 4): (what it is, comparison key, row label or its start).
+CENTRAL = (("Dense unified vs baseline, the 0.12B proxy", "fig6-ladder", DENSE.label),
+           ("MoE unified vs baseline, the 0.5B proxy", "fig7-ladder", MOE.label),
+           ("Fig. 1, without vs with scale vectors at the same lr", "fig1-lr_grid", "same lr"),
+           ("Muon, dense", "fig8-muon", "unified"), ("WSD, dense", "fig9-wsd", "unified"),
+           ("Muon, MoE", "fig8-muon_moe", "unified"), ("WSD, MoE", "fig9-wsd_moe", "unified"))
+MDE_FLOOR = 0.02  # issue 29, item 4: an MDE at or below the larger of the paper's |Δ| and this
+
+
+def distinct(res: Results) -> list[Row]:
+    """The rows measured over two or more seeds, each pair of runs once."""
+    return [r for r in res.rows if r.counted]
+
+
+def central_rows(res: Results) -> list[tuple[str, Row]]:
+    out = []
+    for name, key, label in CENTRAL:
+        row = next((r for r in res.rows if r.comparison.key == key and r.same_as is None
+                    and (r.label == label or r.label.startswith(label + " ("))), None)
+        if row is not None:
+            out.append((name, row))
+    return out
+
+
+def delta_text(r: Row) -> str:
+    """"-0.0430 [-0.0847, -0.0013] against the paper's -0.0063" and what the label adds."""
+    v, base = verdict_class(r.delta, r.paper), fmt(r.delta, True)
+    if r.paper is None:
+        return base
+    base += f" against the paper's {r.paper:+.4f}"
+    if v == REPRODUCES:
+        return base + f", ours/paper {ratio(r.delta, r.paper):.2f}" + (" (far from it)" if far(r.delta, r.paper)
+                                                                        else "")
+    if v in (LARGER, SMALLER):
+        return base + f", {ratio(r.delta, r.paper):.2f}× the paper's, its value outside the interval"
+    if v in (UNINFORMATIVE, UNDECIDED):
+        return base + f", MDE {r.delta.mde:.4f}"
+    return base
+
+
+# The plain reading's groups: (heading, the verdict classes it holds).
+GROUPS = (("Supported", "resolved, with the paper's sign", (REPRODUCES, LARGER, SMALLER)),
+          ("Contradicted", "resolved, with the opposite sign", (CONTRADICTS,)),
+          ("The paper's size ruled out", "unresolved, but the interval excludes the paper's value", (RULED_OUT,)),
+          ("Not resolved at this scale", "the interval holds both 0 and the paper's value; an MDE above the paper's "
+           "|Δ| means these seeds could not have seen its effect (uninformative, not a null)",
+           (UNINFORMATIVE, UNDECIDED)))
+
+
+def plain_reading(res: Results) -> list[str]:
+    """Before any table: what the proxy says of each of the paper's claims, in words and numbers."""
+    rows = distinct(res)
+    if not rows:
+        return ["No delta has two seeds yet: the proxy says nothing about the paper's claims so far.", ""]
+    out = ["The paper's central claims, each one row of the tables below:", ""]
+    out += [f"- {name}: {delta_text(r)}: **{verdict_class(r.delta, r.paper)}**." for name, r in central_rows(res)]
+    out.append("")
+    for head, what, classes in GROUPS:
+        group = [r for r in rows if verdict_class(r.delta, r.paper) in classes]
+        if group:
+            out.append(f"- **{head}** ({what}; {len(group)} of {len(rows)}): "
+                       + "; ".join(f"{r.title} ({delta_text(r)})" for r in group) + ".")
+    farther = [r for r in rows if far(r.delta, r.paper)]
+    if farther:
+        out.append(f"- **Far from the paper's value** (a point estimate of the opposite sign, or more than {FAR:g}× "
+                   f"or under 1/{FAR:g} of the paper's; {len(farther)} of {len(rows)}): "
+                   + "; ".join(f"{r.title} ({ratio(r.delta, r.paper):.2f}×)" for r in farther) + ".")
+    out += ["", count_sentence(res, contrasts(rows))]
+    for comp in res.plan.comparisons:
+        law = law_of(res, comp) if comp.kind == "ladder" else None
+        if law is not None and law.boot is not None:
+            out += ["", law_sentence(comp, law)]
+    return out + [""]
+
+
+def tests_over(c: Contrasts) -> tuple[list[float], list[bool], list[bool]]:
+    """The basis rows' p values and their Holm and Benjamini–Hochberg rejections at 5 %."""
+    p = [p_value(r.delta) for r in c.basis]
+    return p, holm(p), benjamini_hochberg(p)
+
+
+def count_sentence(res: Results, c: Contrasts) -> str:
+    p, by_holm, by_bh = tests_over(c)
+    resolved = [r for r in c.basis if r.delta.resolved]
+    named = lambda keep: "; ".join(r.title for r, k in zip(c.basis, keep) if k) or "none"  # noqa: E731
+    return (f"Counting only what is measured once: {len(c.basis)} of the {len(c.basis) + len(c.sums)} distinct rows "
+            f"are linearly independent (the other {len(c.sums)} are sums of them: the count below). Of those "
+            f"{len(c.basis)}, {len(resolved)} resolve at 95 % one by one; {sum(by_holm)} "
+            f"{'survives' if sum(by_holm) == 1 else 'survive'} Holm's correction for the family (5 % family-wise: "
+            f"{named(by_holm)}) and {sum(by_bh)} Benjamini–Hochberg's (5 % false discoveries: {named(by_bh)}).")
+
+
+def law_sentence(comp: Comparison, law: LadderLaw) -> str:
+    """A ladder's laws in one sentence, every multiplier and crossing with its bootstrap interval."""
+    boot, head = law.boot, comp.title.split(",")[0]
+    paper = f" against the paper's {comp.paper_multiplier:.2f}× from parallel laws" if comp.paper_multiplier else ""
+    d = law.exponent_diff
+    exps = (f"the exponents differ by {d.mean:+.4f} [{d.lo:+.4f}, {d.hi:+.4f}]" if law.parallel is not None
+            else "the exponents' difference has no interval")
+    if law.parallel:
+        text = (f"{head}'s laws are parallel within their interval ({exps}); the ladder's multiplier is "
+                f"{times_text(law.log_mean)} (bootstrap over seeds {times_interval(boot.log_mean)}, t over the "
+                f"seeds' own laws {times(law.mean_multiplier)}){paper}")
+        if law.log_headline is not None:
+            text += "."
+        elif law.falling:
+            text += (": the t interval holds 1, so the page gives it no headline (the percentile bootstrap, "
+                     f"resampling only the {law.exponent_diff.n} seeds there are, is the narrower of the two).")
+        else:
+            text += ": a law whose loss does not fall with compute gives no multiplier."
+    else:
+        text = (f"{head}'s laws are not parallel ({exps}): the multiplier runs from "
+                f"{times_text(law.log_multipliers[0])} {times_interval(boot.log_multipliers[0])} at the smallest rung "
+                f"to {times_text(law.log_multipliers[-1])} {times_interval(boot.log_multipliers[-1])} at the largest"
+                f"{paper}")
+        cross = law.crossing
+        if cross is not None and 0 < cross < float("inf"):
+            text += (f", and the seed-mean laws cross at {ratio_text(crossing_log(law))} the largest rung's compute "
+                     f"(bootstrap {times_interval(boot.log_crossing, ratio_text)})")
+        text += "."
+    return text
+
+
+def count_section(res: Results, orderings: list[bool]) -> list[str]:
+    """The tally, the rows that are sums of others, each basis row's test, the power on the central claims, signs
+    and WikiText-2, and v1 against v2."""
+    rows = [r for r in res.rows if r.same_as is None]
+    counted = distinct(res)
+    groups: dict[str, list[Row]] = {}
+    for r in rows:
+        groups.setdefault(verdict_class(r.delta, r.paper), []).append(r)
+    dupes = len(res.rows) - len(rows)
+    again = f" ({dupes} more {'row is' if dupes == 1 else 'rows are'} the same runs as another, shown once)"
+    out = [f"Of {len(rows)} distinct deltas" + (again if dupes else "") + ": "
+           + "; ".join(f"{len(groups[k])} {k}" for k in VERDICTS if k in groups) + ".", ""]
+    if not counted:  # every curve has one seed so far: no delta has an interval, and a tally of 0 of 0 says nothing
+        return out + ["No delta has two seeds yet: there is nothing to tally against the paper's signs.", ""]
+    c = contrasts(counted)
+    out += basis_lines(c) + power_lines(res)
+    signed = [r for r in counted if r.paper is not None]
+    both = [r for r in counted if r.delta.resolved and r.wiki is not None]
+    agree = [r for r in both if (r.delta.mean > 0) == (r.wiki.mean > 0)]
+    out += [f"Resolved or not, {sum((r.delta.mean > 0) == (r.paper > 0) for r in signed)} of the {len(signed)} "
+            f"mean deltas have the paper's sign. On WikiText-2, {len(agree)} of the {len(both)} resolved deltas keep "
+            f"their sign ({sum(r.wiki.resolved for r in agree)} of them resolved there too), and {sum(orderings)} of "
+            f"the {len(orderings)} comparisons of three or more curves order them as the validation loss does.", ""]
+    return out + versus_v1(res)
+
+
+def basis_lines(c: Contrasts) -> list[str]:
+    p, by_holm, by_bh = tests_over(c)
+    out = ["### Independent rows and the multiple-comparison count", "",
+           f"Each row is a vector over the curves' seed-mean losses (+1 ours, −1 its reference); taken in page order, "
+           f"a row joins the basis when it raises the rank (repro/contrasts.py). {len(c.basis)} rows form the basis"
+           + (", and these are sums of rows shown before them, left out of the count:" if c.sums
+              else "; no row is a sum of others.")]
+    out += [f"- *{r.title}* = {combination_text(terms)}" for r, terms in c.sums]
+    out += ["", f"Each basis row's two-sided paired t test (t = mean / (sd / √n), n − 1 degrees of freedom); Holm's "
+            f"step-down keeps the family-wise error at {ALPHA:.0%} under any dependence, Benjamini–Hochberg the "
+            f"expected share of false discoveries at {ALPHA:.0%} (for independent or positively dependent tests: "
+            "rows that share a reference run are correlated). The basis rows are not independent either way.", "",
+            "| row | Δ val [95 % CI] | p | resolved | Holm 5 % | BH 5 % |", "|---|---|---|---|---|---|"]
+    yes = lambda b: "yes" if b else "no"  # noqa: E731
+    out += [f"| {r.title} | {fmt(r.delta, True)} | {pv:.2g} | {yes(r.delta.resolved)} | {yes(h)} | {yes(b)} |"
+            for r, pv, h, b in zip(c.basis, p, by_holm, by_bh)]
+    return out + [""]
+
+
+def power_lines(res: Results) -> list[str]:
+    """The seeds each central claim needs for an MDE at or below max(|paper Δ|, MDE_FLOOR), from its paired sd."""
+    rows = central_rows(res)
+    if not rows:
+        return []
+    out = ["### Power on the central claims", "",
+           f"The seeds each central claim would need for an MDE at or below the larger of the paper's |Δ| and "
+           f"{MDE_FLOOR:g}, solved from MDE = (t₀.₉₇₅ + t₀.₈₀, n − 1 degrees of freedom) · sd / √n with the paired sd "
+           "these runs measured (itself a rough estimate from so few seeds). No seeds were added for this page: it "
+           "says what to train next.", "",
+           "| claim | row | seeds | paired sd | MDE now | paper Δ | target MDE | seeds for it |",
+           "|---|---|---|---|---|---|---|---|"]
+    for name, r in rows:
+        target = max(abs(r.paper), MDE_FLOOR) if r.paper is not None else MDE_FLOOR
+        need: Optional[int] = seeds_for(r.delta.sd, target) if r.delta and r.delta.n >= 2 else None
+        paper = f"{r.paper:+.4f}" if r.paper is not None else "–"
+        sd = f"{r.delta.sd:.4f}" if r.delta and r.delta.n >= 2 else "–"
+        mde = f"{r.delta.mde:.4f}" if r.delta and r.delta.n >= 2 else "–"
+        out.append(f"| {name} | {r.title} | {r.delta.n if r.delta else 0} | {sd} | {mde} | {paper} | {target:.4f} | "
+                   f"{need if need is not None else '–'} |")
+    return out + [""]
+
+
+def versus_v1(res: Results) -> list[str]:
+    """v1's summary as it was, then which of its deltas persist here (same sign, resolved in both) and which fade."""
+    kinds: dict[str, list[str]] = {}
+    for r in res.rows:
+        old = V1_DELTAS.get((r.comparison.key, r.label))
+        if old is None or not r.counted:
+            continue
+        now = r.delta
+        if old.resolved and now.resolved:
+            kind = "persist" if (old.mean > 0) == (now.mean > 0) else "reverse"
+        elif old.resolved:
+            kind = "fade"
+        else:
+            kind = "appear" if now.resolved else "stay unresolved"
+        kinds.setdefault(kind, []).append(f"{r.title} ({old.mean:+.4f} → {now.mean:+.4f})")
+    out = ["### v2 against v1", "", V1_SUMMARY, ""]
+    if not kinds:
+        return out + ["No comparison of v1 has finished runs here yet.", ""]
+    text = {"persist": "resolved in both with the same sign", "fade": "resolved in v1, unresolved now",
+            "reverse": "resolved in both with opposite signs", "appear": "unresolved in v1, resolved now",
+            "stay unresolved": "unresolved in both"}
+    n = sum(map(len, kinds.values()))
+    out.append(f"Of the {n} deltas measured in both (v1 → v2):")
+    out += [f"- **{k}** ({text[k]}): " + "; ".join(kinds[k]) for k in text if k in kinds]
+    return out + [""]
