@@ -217,6 +217,32 @@ def max_rss_mib() -> float:
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024
 
 
+def proc_status_mib(field: str) -> Optional[float]:
+    """A `VmRSS`/`VmHWM` line of Linux's /proc/self/status in MiB, or None where there is none."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return float(line.split()[1]) / 1024  # "VmHWM:   13508 kB"
+    except OSError:
+        pass
+    return None
+
+
+def reset_peak_rss() -> Optional[float]:
+    """Start a fresh peak: hand the heap's free memory back (the training process keeps it, runtime/cpu.py, and a
+    design would reuse it unseen), reset Linux's resident high-water mark (`5` to /proc/self/clear_refs) and return
+    the resident set now, which the new peak is measured from; None where the kernel offers no reset (then the peak
+    is the process's whole-life one, and a design smaller than an earlier transient would read as 0)."""
+    from runtime.cpu import release_free_heap
+    gc.collect()
+    release_free_heap()
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return None
+    return proc_status_mib("VmRSS")
+
+
 def memory_probe(design: Design, di, batches, seq_len: int, n_steps: int) -> dict:
     """Run in a child process of its own: the growth of peak RSS over building and stepping this one design."""
     # A miniature of the same design first (1 layer, width 8 per head, vocab 64, no compile): the lazy imports and
@@ -233,11 +259,16 @@ def memory_probe(design: Design, di, batches, seq_len: int, n_steps: int) -> dic
     warm.step()
     del warm
     gc.collect()
-    before = max_rss_mib()
+    # The peak is measured from the resident set after the warmup, not from the process's earlier peak: a transient
+    # of the setup (reading the corpus, importing transformers) could otherwise hide a small design entirely.
+    reset = reset_peak_rss()
+    before = reset if reset is not None else max_rss_mib()
     runner = build(design, di, seq_len, batches)
     for _ in range(n_steps):
         runner.step()
-    return {"design": design.name, "peak_mib": max_rss_mib() - before, "baseline_mib": before}
+    after = (proc_status_mib("VmHWM") if reset is not None else None) or max_rss_mib()
+    return {"design": design.name, "peak_mib": max(0.0, after - before),
+            "baseline_mib": before}
 
 
 def run_probes(argv: list[str], designs: list[Design], jobs: int) -> "list":
