@@ -354,6 +354,14 @@ def _sync_lines(s: dict) -> list[str]:
     return lines + [""]
 
 
+def _profile_lines(path: Path) -> list[str]:
+    """The category table of runtime/profile.py's report (its first table); the ops are in logs.tar.gz."""
+    if not path.is_file():
+        return []
+    head = path.read_text().split("\n\nOps whose", 1)[0].strip()
+    return ["### Where the step's time goes", "", head, "", "_per op: profile_0.12b.md in logs.tar.gz_", ""]
+
+
 def summary(out: Path, logs: Path) -> Path:
     """out/summary.md from logs/status.tsv, logs/env.log and the JSON results in out."""
     lines = ["# GPU check", ""]
@@ -376,6 +384,8 @@ def summary(out: Path, logs: Path) -> Path:
         except (OSError, ValueError, KeyError, TypeError):  # a part that failed or was cut before writing it all
             body = [f"_no {name} (the part failed or was cut; see its log in logs.tar.gz)_", ""]
         lines += [f"## {title}", ""] + body
+        if name == "bench_0.12b.json":
+            lines += _profile_lines(logs / "profile_0.12b.md")
     (out / "summary.md").write_text("\n".join(lines))
     return out / "summary.md"
 

@@ -114,8 +114,9 @@ part env "$PY" -m harness.gpu_check env --data "$DATA"
 part tests-gpu env -u TORCH_LOGS SCALEVEC_TEST_GPU=1 "$PY" -m pytest -vv -m gpu tests/test_moe.py \
   $(ls tests/test_*.py | grep -v '/test_moe.py$')
 part moe-gemm "$PY" -m harness.gpu_check moe-gemm "${MOE[@]}" --json "$OUT/moe_gemm.json"
+# Then 3 more steps of each under torch.profiler: where unified's extra time goes (logs.tar.gz, summary.md).
 part bench-0.12b "$PY" -m scripts.bench --config configs/dense/0.12b.yaml --presets baseline unified "${BENCH[@]}" \
-  "${B012[@]}" --json "$OUT/bench_0.12b.json" -- "${TINY[@]}"
+  "${B012[@]}" --json "$OUT/bench_0.12b.json" --profile "$LOGS/profile_0.12b.md" -- "${TINY[@]}"
 # The baseline's blocks as just compiled (from the inductor cache); only the head's chunk graph changes.
 MODELS=()
 for c in "${CHUNKS[@]}"; do MODELS+=("configs/dense/0.12b.yaml train.loss_chunk_tokens=$c"); done

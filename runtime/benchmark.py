@@ -320,6 +320,11 @@ def build_parser(description: Optional[str] = None) -> argparse.ArgumentParser:
     p.add_argument("--memory-jobs", type=int, default=0,
                    help="CPU: memory processes run at once (default 0: all designs; 1 for models near the RAM size)")
     p.add_argument("--json", type=Path, metavar="PATH", help="also write the table as JSON")
+    p.add_argument("--profile", type=Path, metavar="PATH",
+                   help="after the timed rounds, profile --profile-steps more steps of each design (torch.profiler) "
+                        "and write where the time goes, by category and by op, beside the first design, to PATH "
+                        "(markdown; runtime/profile.py)")
+    p.add_argument("--profile-steps", type=int, default=3, help="steps per design under the profiler")
     p.add_argument("--memory-probe", type=int, help=argparse.SUPPRESS)  # internal: a child measuring one design
     p.add_argument("overrides", nargs="*", help="dotted.key=value overrides applied to every design")
     return p
@@ -327,12 +332,14 @@ def build_parser(description: Optional[str] = None) -> argparse.ArgumentParser:
 
 def time_designs(designs: list[Design], di, batches, steps: int, warmup: int,
                  peak_mem: dict[str, Optional[float]], probed: bool, notes: list[str],
-                 json_path: Optional[Path] = None) -> tuple[dict, list[dict]]:
+                 json_path: Optional[Path] = None, profile: Optional[tuple[Path, int]] = None
+                 ) -> tuple[dict, list[dict]]:
     """Build every design and step them interleaved, round by round (step i of every design, then step i + 1), so
     that drift in machine load hits all of them alike: `warmup` untimed rounds, then `steps` timed ones. `peak_mem`:
     the memory probes' peaks on CPU (`probed`; none with --no-memory); on CUDA each design's peak is measured here.
-    After every timed round the table so far goes to `json_path`, so a run cut by a timeout keeps it. Returns the
-    table's header and rows."""
+    After every timed round the table so far goes to `json_path`, so a run cut by a timeout keeps it. `profile`:
+    (path, steps) — then each design steps that many more times under torch.profiler (runtime/profile.py), and
+    where its time goes is written to path. Returns the table's header and rows."""
     from model.llama import Llama
     from runtime.metrics import peak_flops
     cfg0 = designs[0].cfg
@@ -375,6 +382,10 @@ def time_designs(designs: list[Design], di, batches, steps: int, warmup: int,
                 json_path.parent.mkdir(parents=True, exist_ok=True)
                 json_path.write_text(json.dumps({**header, "steps": i + 1 - warmup, "notes": notes, "rows": rows,
                                                  "losses": losses}, indent=1) + "\n")
+    if profile:
+        from runtime.profile import profile_step, write_profiles
+        path, n = profile
+        write_profiles(path, [profile_step(d.name, runners[d.name].step, n, di.device) for d in designs])
     return header, rows
 
 

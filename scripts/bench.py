@@ -68,9 +68,12 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if unknown:
         p.error(f"--presets: no preset {', '.join(unknown)}; choose from "
                 f"{' '.join(sorted(f.stem for f in SCALE_PRESETS.glob('*.yaml')))}")
-    problem = out_path_problem(args.json) if args.json else None
-    if problem:
-        p.error(f"--json {problem}")
+    for flag, path in (("--json", args.json), ("--profile", args.profile)):
+        problem = out_path_problem(path) if path else None
+        if problem:
+            p.error(f"{flag} {problem}")
+    if args.profile_steps < 1:
+        p.error(f"--profile-steps {args.profile_steps}: must be ≥ 1")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error(f"--device cuda, but CUDA is not available here (torch {torch.__version__}); use --device auto or cpu")
 
@@ -113,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                 import transformers  # noqa: F401  (slow; meanwhile)
             peak_mem = {d.name: f.result() for d, f in zip(designs, probes)}
         header, rows = time_designs(designs, di, batches, args.steps, args.warmup, peak_mem, probed, notes,
-                                    args.json)
+                                    args.json, (args.profile, args.profile_steps) if args.profile else None)
         print(format_header(header))
         print(format_table(rows), end="")
     finally:

@@ -238,5 +238,7 @@ def test_gpu_check_dry_run(carried, tmp_path):
         ("warmup", 2, 1, 2), ("A", 2, 2, 2), ("B", 4, 4, 4), ("C", 4, 2, 4)]
     assert all("val_loss/wikitext2" in r["last_eval"] for r in sync["runs"])
     for text in ("## MoE: grouped GEMM", "## Bench dense 1B", "loss_chunk_tokens=64", "## Host syncs",
-                 "| sync | 0 |", "| bench-1b | 0 |"):
+                 "| sync | 0 |", "| bench-1b | 0 |", "### Where the step's time goes", "| matmul |"):
         assert text in summary, text
+    profiles = json.loads(logs["profile_0.12b.json"])  # every op of both designs, in the logs
+    assert [p["design"] for p in profiles] == ["baseline", "unified"] and all(p["ops"] for p in profiles)

@@ -220,6 +220,8 @@ def test_reproduce_and_plan_refuse_what_is_not_an_override(tmp_path, capsys, mon
     (["--presets", "nosuch"], ["no preset nosuch", "unified"]),
     (["--models", ""], ["--models"]),
     (["--json", "FOLDER"], ["is a folder"]),  # was: a traceback after the first timed round
+    (["--profile", "FOLDER"], ["--profile", "is a folder"]),  # would fail only after every design had run
+    (["--profile", "p.md", "--profile-steps", "0"], ["--profile-steps 0"]),
 ])
 def test_bench_checks_flags_before_it_builds(tmp_path, capsys, flags, words):
     argv = ["--no-memory", "--no-hf-reference", "--device", "cpu", "--steps", "1", "--warmup", "0", "--vocab-size",
