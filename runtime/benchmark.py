@@ -9,17 +9,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
 import importlib.util
 import json
-import os
-import resource
 import shlex
 import statistics
-import subprocess
-import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
@@ -209,86 +203,6 @@ def _device(setting: str) -> torch.device:
 def make_batches(n: int, B: int, T: int, V: int, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
     gen = torch.Generator().manual_seed(0)  # the same batches in every process: the timing one and each probe
     return [tuple(torch.randint(0, V, (B, T), generator=gen).to(device) for _ in range(2)) for _ in range(n)]
-
-
-def max_rss_mib() -> float:
-    """This process's peak resident set so far (Linux reports KiB, macOS bytes)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
-
-
-def proc_status_mib(field: str) -> Optional[float]:
-    """A `VmRSS`/`VmHWM` line of Linux's /proc/self/status in MiB, or None where there is none."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return float(line.split()[1]) / 1024  # "VmHWM:   13508 kB"
-    except OSError:
-        pass
-    return None
-
-
-def reset_peak_rss() -> Optional[float]:
-    """Start a fresh peak: hand the heap's free memory back (the training process keeps it, runtime/cpu.py, and a
-    design would reuse it unseen), reset Linux's resident high-water mark (`5` to /proc/self/clear_refs) and return
-    the resident set now, which the new peak is measured from; None where the kernel offers no reset (then the peak
-    is the process's whole-life one, and a design smaller than an earlier transient would read as 0)."""
-    from runtime.cpu import release_free_heap
-    gc.collect()
-    release_free_heap()
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        return None
-    return proc_status_mib("VmRSS")
-
-
-def memory_probe(design: Design, di, batches, seq_len: int, n_steps: int) -> dict:
-    """Run in a child process of its own: the growth of peak RSS over building and stepping this one design."""
-    # A miniature of the same design first (1 layer, width 8 per head, vocab 64, no compile): the lazy imports and
-    # one-time setup of the first build and step (thread pools, kernel tables, the modeling modules transformers
-    # loads on first use) happen there, so they are not counted as this design's memory.
-    mini = dataclasses.replace(design, cfg=dataclasses.replace(
-        design.cfg, model=dataclasses.replace(design.cfg.model, d_model=8 * design.cfg.model.n_heads, n_layers=1,
-                                              vocab_size=64),
-        train=dataclasses.replace(design.cfg.train, compile=False)))
-    mini = dataclasses.replace(mini, cfg=dataclasses.replace(
-        mini.cfg, train=dataclasses.replace(mini.cfg.train, micro_batch=2, global_batch=2),
-        data=dataclasses.replace(mini.cfg.data, seq_len=8)))
-    warm = build(mini, di, 8, make_batches(1, 2, 8, 64, di.device))
-    warm.step()
-    del warm
-    gc.collect()
-    # The peak is measured from the resident set after the warmup, not from the process's earlier peak: a transient
-    # of the setup (reading the corpus, importing transformers) could otherwise hide a small design entirely.
-    reset = reset_peak_rss()
-    before = reset if reset is not None else max_rss_mib()
-    runner = build(design, di, seq_len, batches)
-    for _ in range(n_steps):
-        runner.step()
-    after = (proc_status_mib("VmHWM") if reset is not None else None) or max_rss_mib()
-    return {"design": design.name, "peak_mib": max(0.0, after - before),
-            "baseline_mib": before}
-
-
-def run_probes(argv: list[str], designs: list[Design], jobs: int) -> "list":
-    """Start one child per design (`--memory-probe K`); returns futures of {design: peak MiB or None}."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-
-    def probe(k: int) -> Optional[float]:
-        cmd = [sys.executable, "-m", "scripts.bench", "--memory-probe", str(k), *argv]  # options before a "--"
-        done = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        try:
-            return float(json.loads(done.stdout.strip().splitlines()[-1])["peak_mib"])
-        except (ValueError, IndexError, KeyError, TypeError):
-            tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-            print(f"memory probe of {designs[k].name} failed (exit {done.returncode}): {' | '.join(tail)}",
-                  file=sys.stderr)
-            return None
-    pool = ThreadPoolExecutor(max_workers=max(1, jobs))
-    futures = [pool.submit(probe, k) for k in range(len(designs))]
-    pool.shutdown(wait=False)
-    return futures
 
 
 def build_parser(description: Optional[str] = None) -> argparse.ArgumentParser:

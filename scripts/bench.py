@@ -48,8 +48,8 @@ from typing import Optional
 import torch
 
 from config import SCALE_PRESETS, ConfigError, load_config
-from runtime.benchmark import (build_parser, format_header, format_table, make_batches, memory_probe, plan,
-                               run_probes, time_designs, with_data)
+from runtime.benchmark import build_parser, format_header, format_table, make_batches, plan, time_designs, with_data
+from runtime.memory_probe import memory_probe, run_probes
 from runtime.files import out_path_problem
 
 

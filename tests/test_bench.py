@@ -12,7 +12,7 @@ import pytest
 import train
 from config import load_config
 from harness import gpu_check
-from runtime import benchmark
+from runtime import benchmark, memory_probe
 from scripts import bench
 from train_harness import args_for, data_dir, records  # noqa: F401 - data_dir is a fixture
 
@@ -55,12 +55,12 @@ def test_a_probe_measures_its_peak_from_after_the_setup():
     tune_glibc_malloc()
     setup = np.ones(256 * 2**20 // 8)
     del setup
-    start = benchmark.reset_peak_rss()
+    start = memory_probe.reset_peak_rss()
     if start is None:  # no resettable high-water mark on this kernel: the whole-life peak is what there is
         assert not Path("/proc/self/clear_refs").exists()
         return
     design = np.ones(64 * 2**20 // 8)
-    grown = benchmark.proc_status_mib("VmHWM") - start
+    grown = memory_probe.proc_status_mib("VmHWM") - start
     del design
     assert 60 < grown < 128, grown
 
