@@ -11,7 +11,7 @@ import pytest
 
 import train
 from config import load_config
-from harness import gpu_check
+from harness import gpu_check, gpu_summary
 from runtime import benchmark, memory_probe
 from scripts import bench
 from train_harness import args_for, data_dir, records  # noqa: F401 - data_dir is a fixture
@@ -165,7 +165,7 @@ def test_sync_differences_attribute_syncs_to_steps_that_do_not_log():
     got = gpu_check._sync_differences(runs, 10)
     assert got == {"syncs_per_nonlog_step": 3.0, "nonlog_sites": {"train.py:259": 2.0, "train.py:213": 1.0},
                    "extra_syncs_per_log_step": 2}
-    text = "\n".join(gpu_check._sync_lines({"device": "x", "torch": "t", "every": 10, "detector": "warn",
+    text = "\n".join(gpu_summary._sync_lines({"device": "x", "torch": "t", "every": 10, "detector": "warn",
                                             "runs": runs, **got}))
     assert "host syncs per non-logging step: 3**" in text and "`train.py:259`: 2 per non-logging step" in text
     runs[2]["reached"] = 7  # a run cut by its timeout gives no difference
