@@ -13,6 +13,9 @@ marker: a crash at any point leaves either a tmp dir or a dir without the marker
 
 A load takes any FFN padding (model.ffn_pad_multiple) the checkpoint was written with, unpadded ones included: the
 logical block of each FFN weight and of its optimizer state moves into this model's storage (its padding zero).
+
+One file of about 470 lines on purpose: saving, finding and loading share the layout above and the all-or-nothing
+protocol across ranks, and a reader checks one against the other here rather than across modules.
 """
 from __future__ import annotations
 

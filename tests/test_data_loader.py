@@ -1,6 +1,6 @@
 """The loader over synthetic shards holding 0..N-1: exactly-once epochs for any world size, exact resume (with and
 without prefetch), the prefetch thread's lifetime and errors, the validation stream, and the errors for corrupted
-shards and mismatched state."""
+shards and mismatched state. One file (about 430 lines) over the loader's one synthetic-shard fixture."""
 from __future__ import annotations
 
 import gc

@@ -1,5 +1,6 @@
 """train.py end to end on CPU: FSDP2 ranks vs one process, gradient accumulation, bit-identical resume, non-finite
-stops, and the run directory's contract."""
+stops, and the run directory's contract. One file (about 430 lines) because its tests share one 2-rank launch
+(tests/train_harness.py) that would otherwise run once per file."""
 from __future__ import annotations
 
 import os
