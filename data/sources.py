@@ -8,7 +8,9 @@ Source strings:
                                   or per paragraph / line: `txt_document`), .jsonl/.json and .parquet (one
                                   document per row, text in `text_column`)
 
-Every source yields plain strings, one per document, in a fixed order.
+Every source yields plain strings, one per document, in a fixed order. A built-in corpus also names the source of
+each document (`iter_labeled_documents`: Shakespeare or the King James Bible), which prepare counts per split and the
+mixture eval set weighs (data/evalset.py); other sources name none.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Literal, Optional
 
-from data.builtin import builtin_documents, pd_english_bytes
+from data.builtin import builtin_documents, builtin_labeled, pd_english_bytes
 
 TEXT_SUFFIXES = (".txt", ".raw", ".md", ".text")
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", **{s: "text" for s in TEXT_SUFFIXES}}
@@ -73,6 +75,14 @@ def iter_documents(src: Source, text_column: str = "text", txt_document: str = "
         return _iter_local(Path(src.name), text_column, txt_document)
     check_hub_reachable(src.name)
     return iter_hf(src.name, src.subset, text_column)
+
+
+def iter_labeled_documents(src: Source, text_column: str = "text",
+                           txt_document: str = "file") -> Iterator[tuple[Optional[str], str]]:
+    """(source name, document) in iter_documents' order; the name is None for a source that names none."""
+    if src.kind == "builtin":
+        return builtin_labeled(src.name)
+    return ((None, text) for text in iter_documents(src, text_column, txt_document))
 
 
 def local_files(path: Path) -> list[Path]:

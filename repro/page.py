@@ -20,6 +20,7 @@ from repro.measure import Results
 from repro.reading import count_section, plain_reading
 from repro.runs import Run
 from repro.sections import ladder_section, lr_grid_section, panel_section
+from repro.sources import all_prefix, composition_lines, eval_read, source_table
 
 REBUILD = "python -m scripts.results --page-only --out-dir docs/results_runs"  # the page from its archive
 
@@ -110,8 +111,10 @@ def corpus_lines(run: Run) -> list[str]:
     if counts is None:  # another corpus, not prepared here
         return []
     train, val = counts
+    read = eval_read(run)
+    how = "the first " if read.sample == "prefix" else ""
     return ["", f"The training corpus holds {train:,} tokens ({run.cfg.data.dir}), its validation split {val:,}, of "
-            f"which each evaluation reads the first {min(run.cfg.train.eval_tokens, val):,}."]
+            f"which each evaluation reads {how}{read.targets:,} (the eval set above)."]
 
 
 def write_page(plan: Plan, where: dict, page: Path, cpu_seconds: float, wiki: str) -> None:
@@ -120,7 +123,7 @@ def write_page(plan: Plan, where: dict, page: Path, cpu_seconds: float, wiki: st
     res = Results(plan, where, wiki)
     body, orderings = [], []
     for comp in plan.comparisons:
-        body += section(res, comp, img_dir, orderings)
+        body += section(res, comp, img_dir, orderings) + source_table(res, comp)
     text = [
         "# Results: a measured small-scale reproduction of Figures 1 and 5–9",
         "",
@@ -171,20 +174,22 @@ def intro(res: Results, cpu_seconds: float) -> list[str]:
 
 
 def scope(res: Results) -> list[str]:
-    """What these runs are (v2's) and what of issue 29 they cannot do (its items that need new runs)."""
-    evals = sorted({r.cfg.train.eval_tokens for r in res.loaded})
-    read = " or ".join(f"{e:,}" for e in evals) if evals else "–"
-    return [
-        f"**Still the v2 runs, read with v3's rules.** Each evaluation reads the first {read} tokens of the "
-        "corpus's validation split, which holds its documents in corpus order, Shakespeare's works first "
-        "(data/builtin.py): the validation loss here is Shakespeare's alone, with no King James text, though the "
-        "model trains on both. What is new is how the same runs are read (issue 29, items 2, 3, 6 and 7): labels "
-        "that say when an interval excludes the paper's value or cannot tell, a count over linearly independent "
-        "rows with Holm and Benjamini–Hochberg corrections, bootstrap intervals on every multiplier and crossing, "
-        "and the seeds each central claim needs. The items that need new runs are not done: an eval set that is "
-        "the training mixture (item 1), the seeds that would power the central claims (item 4: the count below "
-        "says how many) and best lr against best lr for the headline (item 5).",
-    ]
+    """The eval set the runs read (repro/sources.py: from the runs), and what of issue 29 the runs cannot do yet
+    (its items that need new runs); v2's runs read the val split's first tokens (one source)."""
+    rules = ("labels that say when an interval excludes the paper's value or cannot tell, a count over linearly "
+             "independent rows with Holm and Benjamini–Hochberg corrections, bootstrap intervals on every multiplier "
+             "and crossing, and the seeds each central claim needs")
+    lines = composition_lines(res)
+    said, apart = (lines[0], []) if len(lines) == 1 else ("The runs read different eval sets (below).", ["", *lines])
+    if res.loaded and all_prefix(res):
+        return [f"**Still the v2 runs, read with v3's rules.** {said} What is new is how the same runs are read (issue "
+                f"29, items 2, 3, 6 and 7): {rules}. The items that need new runs are not done: an eval set that is "
+                "the training mixture (item 1), the seeds that would power the central claims (item 4: the count "
+                "below says how many) and best lr against best lr for the headline (item 5).", *apart]
+    return [f"**The eval set.** {said}", *apart, "",
+            f"Read with v3's rules (issue 29, items 2, 3, 6 and 7): {rules}. Not done yet: the seeds that would power "
+            "the central claims (item 4: the count below says how many) and best lr against best lr for the headline "
+            "(item 5)."]
 
 
 def section(res: Results, comp: Comparison, img_dir: Path, orderings: list[bool]) -> list[str]:

@@ -45,6 +45,18 @@ says AVX2), one thread per run as `scripts.results --jobs 2` runs them, the dens
 so the proxy runs eager fp32 everywhere: bf16 is 5.4× slower (7.6k / 1.4k) on a CPU that has no bf16 arithmetic, and in fp32 the
 compile costs about a minute per run for at most 1.15× per step. Runs of one page may be done in parts on different
 CPUs; fp32 keeps each part's speed predictable.
+
+Evaluation (issue 29, item 1): every evaluation reads the training mixture, every window of the val split (105,216
+targets; data/evalset.py), and WikiText-2's first 32,768 tokens as v2 did. Trainer.step and Trainer.evaluate of the
+dense proxy timed alternately in one process, one thread, eager fp32 (torch 2.11, on an otherwise idle 16-core
+machine: this one's 2 cores were shared), medians of 2 × 20 steps and 2 evaluations, for a run of 1,076 steps and
+22 evaluations (every 53 steps, at step 0 and at the last):
+
+    v2: the val split's first 32,768 tokens + WikiText-2 32,768     eval 0.71 s   16 s of a 134 s run (12 %)
+    v3: the mixture, 105,216 + WikiText-2 32,768                    eval 1.45 s   32 s of a 142 s run (22 %)
+    v3 with WikiText-2 at 131,072 too (train.extra_eval_tokens)     eval 2.64 s   58 s of a 175 s run (33 %)
+
+so the extra sets keep 32,768 tokens (configs/proxy/tiny.yaml).
 """
 from __future__ import annotations
 
@@ -178,14 +190,35 @@ def corpus_split_tokens(cfg: RunConfig) -> Optional[tuple[int, int]]:
         splits = load_meta(cfg.data.dir).splits
         return splits["train"].tokens, splits["val"].tokens
     except (DataError, FileNotFoundError, KeyError):
-        d = cfg.data
-        if (d.source, d.tokenizer, d.val_frac, d.max_tokens) == ("builtin:pd_english", "bpe:1024", 0.02, None):
-            return BUILTIN_BPE1024_TRAIN_TOKENS, BUILTIN_BPE1024_VAL_TOKENS
-        return None
+        return (BUILTIN_BPE1024_TRAIN_TOKENS, BUILTIN_BPE1024_VAL_TOKENS) if _is_proxy_corpus(cfg) else None
 
 
 # builtin:pd_english in bpe:1024, val_frac 0.02 (data_cache/pd_english_bpe1024/meta.json when these runs were made)
 BUILTIN_BPE1024_TRAIN_TOKENS, BUILTIN_BPE1024_VAL_TOKENS = 3_490_345, 105_578
+# ... and by source, as data.composition.composition reads that dir (tests/test_data_evalset.py prepares it again and
+# compares): the val split stores its 23 Shakespeare documents before its 29 King James chapters
+BUILTIN_BPE1024_SOURCES = {"names": ["shakespeare", "kjv"],
+                           "train": {"docs": [766, 1160], "tokens": [2_113_207, 1_377_138]},
+                           "val": {"docs": [23, 29], "tokens": [67_181, 38_397],
+                                   "runs": [[0, 23, 67_181], [1, 29, 38_397]]}}
+
+
+def _is_proxy_corpus(cfg: RunConfig) -> bool:
+    d = cfg.data
+    return (d.source, d.tokenizer, d.val_frac, d.max_tokens) == ("builtin:pd_english", "bpe:1024", 0.02, None)
+
+
+def corpus_composition(cfg: RunConfig):
+    """The run's corpus by source (data/composition.py's Composition): from the prepared dir when it is there, else,
+    for the proxy's own corpus, the counts measured when its runs were made; None for a corpus that names no sources
+    or is not prepared here."""
+    from data.builtin import BuiltinCorpusError
+    from data.composition import Composition, composition
+    from data.shards import DataError
+    try:
+        return composition(cfg.data.dir)
+    except (DataError, FileNotFoundError, KeyError, BuiltinCorpusError):  # not here, or its corpus not installed
+        return Composition.from_dict(BUILTIN_BPE1024_SOURCES) if _is_proxy_corpus(cfg) else None
 
 
 def size(figure_config: Path, shape: Shape, overrides: tuple[str, ...] = ()) -> Sizing:

@@ -3,8 +3,10 @@
     run = load_run(Path("runs/0.12b+unified"))
     run.final_val_loss, run.final_tokens, run.strategy, run.finished, run.passes
 
-An eval record carries `step`, `tokens`, `val_loss` and one `val_loss/<name>` per extra eval set; a train record
-carries `epoch`, the passes over the training data done so far (train.py's loader counts them).
+An eval record carries `step`, `tokens`, `val_loss` and one `val_loss/<name>` per extra eval set; a run that evaluates
+the training mixture (train.eval_sample=mixture) also `val_loss/<source>`, and what it read: `val_tokens`,
+`val_tokens/<source>` and `val_share/<source>` (data/evalset.py). A train record carries `epoch`, the passes over the
+training data done so far (train.py's loader counts them).
 """
 from __future__ import annotations
 

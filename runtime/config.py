@@ -37,6 +37,12 @@ class TrainConfig:
     micro_batch: int = _resumable(8)
     eval_every: int = _resumable(200)
     eval_tokens: int = _resumable(262144)  # tokens of each validation stream per evaluation
+    # What an evaluation of the training data's val split reads (data/evalset.py): prefix (its first eval_tokens, in
+    # stored order: the built-in corpus's front is all Shakespeare) | mixture (a fixed document-shuffled sample per
+    # source, val_loss weighing each source's loss by its share of the training tokens, val_loss/<source> beside
+    # it). Not resumable: one run's curve is read on one eval set. Extra val_sets are read as a prefix either way.
+    eval_sample: Literal["prefix", "mixture"] = "prefix"
+    extra_eval_tokens: Optional[int] = _resumable(None)  # tokens of each extra val_set per evaluation; null: eval_tokens
     ckpt_every: int = _resumable(1000)
     keep_ckpts: int = _resumable(2)
     seed: int = 0
@@ -81,6 +87,8 @@ class TrainConfig:
                if getattr(self, key) <= 0]
         if not 0 <= self.seed < 2**32:  # numpy's seeding range (the data order and init draw from it)
             bad.append(("seed", f"{self.seed} must lie in [0, 2**32)"))
+        if self.extra_eval_tokens is not None and self.extra_eval_tokens <= 0:
+            bad.append(("extra_eval_tokens", "must be positive (or null: eval_tokens)"))
         if self.loss_chunk_tokens is not None and self.loss_chunk_tokens < 0:
             bad.append(("loss_chunk_tokens", "must be ≥ 0 (0 = the plain, unfused LM head + loss; null = by device)"))
         for key in ("loader_prefetch", "compile", "reshard_after_forward"):

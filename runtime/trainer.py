@@ -25,7 +25,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
-from data.loader import TrainLoader, batch_digest, resolve_prefetch, val_batches
+from data.evalset import EvalSet
+from data.loader import TrainLoader, batch_digest, resolve_prefetch
 from data.prepare import ensure_prepared
 from data.shards import load_meta
 from optim import clip_grad_norm, lr_at, set_lr
@@ -101,6 +102,7 @@ class Trainer:
         t = cfg.train
         self.cfg, self.di, self.batches = cfg, di, batches
         self.val_sets = val_sets or {}
+        self._eval_sets: dict[str, EvalSet] = {}  # built on the first evaluation (data/evalset.py)
         self.tokens_per_epoch = tokens_per_epoch
         # ---- batch shape: global = micro × world × accumulation
         self.accum = accumulation_steps(t.global_batch, t.micro_batch, di.world_size)
@@ -204,22 +206,38 @@ class Trainer:
 
     # ---- evaluation and checkpoints
 
+    def eval_set(self, name: str) -> EvalSet:
+        """What evaluating validation set `name` reads (data/evalset.py): the training data's val split ("val") as
+        train.eval_sample says, an extra set as a prefix; built once per run, the same on every rank."""
+        if name not in self._eval_sets:
+            t, val = self.cfg.train, name == "val"
+            es = EvalSet.build(self.val_sets[name], self.cfg.data.seq_len,
+                               t.eval_tokens if val else t.extra_eval_tokens or t.eval_tokens,
+                               t.eval_sample if val else "prefix", reserved=set(self.val_sets) - {"val"})
+            if self.di.is_main and es.sample == "mixture":
+                print(es.describe())
+            self._eval_sets[name] = es
+        return self._eval_sets[name]
+
     def evaluate(self) -> dict[str, float]:
-        """Mean loss over the first eval_tokens of each validation stream (the same tokens in every run)."""
+        """The mean loss over each validation set's windows (data/evalset.py: the same tokens in every run and on any
+        number of ranks): `val_loss`, per source `val_loss/<source>` under train.eval_sample=mixture, and
+        `val_loss/<name>` per extra set."""
         cfg, model, di = self.cfg, self.model, self.di
         model.eval()
         out = {}
         with torch.no_grad():
-            for name, data_dir in self.val_sets.items():
-                total = torch.zeros(2, dtype=torch.float64, device=di.device)  # (Σ loss · rows, Σ rows)
-                for x, y in val_batches(data_dir, cfg.data.seq_len, cfg.train.micro_batch, di.rank, di.world_size,
-                                        cfg.train.eval_tokens):
+            for name in self.val_sets:
+                es = self.eval_set(name)
+                # (Σ loss · rows, Σ rows) per stream: a source of the mixture, or the whole set
+                totals = torch.zeros(len(es.streams), 2, dtype=torch.float64, device=di.device)
+                for k, x, y, real in es.batches(cfg.train.micro_batch, di.rank, di.world_size):
                     x, y = x.to(di.device), y.to(di.device)
-                    rows = total.new_tensor(float(x.shape[0]))  # the last batch may be smaller
-                    total += torch.stack([model(x, y, loss_chunk=cfg.train.loss_chunk_tokens).double() * rows, rows])
-                dist.all_reduce(total)
-                key = "val_loss" if name == "val" else f"val_loss/{name}"
-                out[key] = (total[0] / total[1].clamp_min(1)).item()
+                    rows = totals.new_tensor(float(real))  # the last batch may be smaller; a padding batch counts 0
+                    loss = model(x, y, loss_chunk=cfg.train.loss_chunk_tokens).double()
+                    totals[k] += torch.stack([loss * rows, rows])
+                dist.all_reduce(totals)
+                out.update(es.report(totals.tolist(), "val_loss" if name == "val" else f"val_loss/{name}"))
         # No backward follows, so FSDP2 would keep the root (and the last block) gathered in the compute dtype:
         # free those copies before a checkpoint or telemetry reads the parameters.
         for m in model.modules():

@@ -105,7 +105,8 @@ OUT_OF_RANGE = {
     "data.seq_len": [0, -1024], "data.val_frac": [0.0, 0.5, 1.2], "data.max_tokens": [0, -1],
     "data.tokenizer": ["bpe:12", "bpe:x", ""], "data.source": ["", "  "], "data.dir": [""],
     "train.steps": [0, -1], "train.global_batch": [0, -32], "train.micro_batch": [0, -8], "train.eval_every": [0],
-    "train.eval_tokens": [0, -1], "train.ckpt_every": [0], "train.keep_ckpts": [0], "train.loss_chunk_tokens": [-1],
+    "train.eval_tokens": [0, -1], "train.extra_eval_tokens": [0, -1], "train.ckpt_every": [0], "train.keep_ckpts": [0],
+    "train.loss_chunk_tokens": [-1],
     "train.fsdp_prefetch": [-1], "train.max_consecutive_skips": [0, -3], "train.seed": [-1, 2**32],
     "log.every": [0, -10],
 }

@@ -129,15 +129,21 @@ def test_page_numbers_come_from_the_runs(miniature):
 def test_page_reads_first_and_counts_over_independent_rows(miniature):
     """The plain reading comes before any table; the count runs over the rows that are not sums of others, with Holm
     and BH; every label agrees with its interval and the paper's value; the laws print no multiplier or crossing
-    without an interval; the page says it is v2's runs, which eval set they read and how it is rebuilt."""
+    without an interval; the page says which eval set the runs read and how it is rebuilt."""
     argv, runs, page, out = miniature
     text = page.read_text()
     plain, proxy_at, count_at = (text.index(h) for h in ("## The reading in plain words", "## The proxy",
                                                           "## The count"))
     assert plain < proxy_at < count_at and "|---" not in text[:proxy_at]  # no table before the plain reading
-    assert "Still the v2 runs, read with v3's rules" in text[:plain] and "first 64 tokens" in text[:plain]
+    # The proxy's eval set is the training mixture (configs/proxy/tiny.yaml): the page says what each evaluation read,
+    # from the runs' records (this corpus names no sources; tests/test_results_sources.py has one that does).
+    read = load_run(runs / "fig5-baseline-tiny-s0").final_eval["val_tokens"]
+    assert read == 64 and "Still the v2 runs" not in text
+    assert (f"**The eval set.** Each evaluation reads {read:,} tokens of the validation split's " in text[:plain]
+            and "in a fixed shuffled order, the same in every run (data/evalset.py); the data names no sources."
+            in text[:plain])
     assert "`python -m scripts.results --page-only --out-dir docs/results_runs`" in text[:plain]
-    assert "(item 1)" in text[:plain] and "(item 4" in text[:plain] and "(item 5)" in text[:plain]
+    assert "(item 1)" not in text[:plain] and "(item 4" in text[:plain] and "(item 5)" in text[:plain]
     # Rows that are sums of others (the same plan as the page's): stated, and left out of the tests.
     independent, distinct, sums = map(int, re.search(
         r"(\d+) of the (\d+) distinct rows are linearly independent \(the other (\d+) are sums", text).groups())

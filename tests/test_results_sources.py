@@ -1,0 +1,119 @@
+"""The results page's eval set (repro/sources.py): its composition as the runs read it — v2's archived runs (a prefix
+of the val split, Shakespeare alone, computed from the data or from the proxy corpus's measured counts) and runs
+that evaluated the mixture (from their records) — and each source's loss beside the mixture's."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import data.composition
+from config import load_config
+from data.shards import DataError
+from repro.comparisons import Comparison, Curve, Plan
+from repro.measure import Results
+from repro.page import scope
+from repro.runs import load_run
+from repro.sources import composition_lines, eval_read, source_table, sources_of
+from repro.stats import fmt, stat
+
+ARCHIVE = Path(__file__).resolve().parent.parent / "docs" / "results_runs"
+V2_SENTENCE = ("Each evaluation reads the first 32,768 tokens of the validation split's 105,578, in stored order, where "
+               "its shakespeare documents come first. By source: shakespeare 32,768 (100.0 %), kjv 0 (0.0 %), though "
+               "the model trains on shakespeare 60.5 % and kjv 39.5 % of its tokens. These runs' validation loss is on "
+               "shakespeare alone.")
+
+
+@pytest.fixture(scope="module")
+def v2_runs() -> list:
+    runs = [load_run(p) for p in sorted(ARCHIVE.iterdir()) if p.is_dir()]
+    assert len(runs) == 144 and all(r.cfg.train.eval_sample == "prefix" for r in runs)  # saved before the key
+    return runs
+
+
+@pytest.mark.parametrize("data_here", [True, False])
+def test_the_v2_archive_says_it_was_evaluated_on_shakespeare_alone(v2_runs, data_here, monkeypatch):
+    """From the prepared data when it is here, else from the proxy corpus's counts: the same sentence."""
+    if not data_here:
+        def gone(*args, **kwargs):
+            raise DataError("not prepared here")
+        monkeypatch.setattr(data.composition, "composition", gone)
+    res = SimpleNamespace(loaded=v2_runs)
+    assert composition_lines(res) == [V2_SENTENCE]
+    text = " ".join(scope(res))
+    assert text.startswith("**Still the v2 runs, read with v3's rules.** " + V2_SENTENCE)
+    assert "an eval set that is the training mixture (item 1)" in text
+    assert sources_of(res) == []  # no per-source losses: the page shows no per-source table
+
+
+# ------------------------------------------------------------------------------------- mixture runs
+
+READ = {"val_tokens": 105_216, "val_tokens/shakespeare": 67_072, "val_share/shakespeare": 0.6054,
+        "val_tokens/kjv": 38_144, "val_share/kjv": 0.3946}
+SEEDS = 3
+
+
+def mixture_run(path: Path, final: dict[str, float], sample: str = "mixture") -> None:
+    """A finished run directory whose evaluations log the mixture's losses per source (data/evalset.py)."""
+    path.mkdir(parents=True)
+    cfg = load_config("configs/tiny_cpu.yaml", ["train.steps=10", "schedule.warmup_steps=1",
+                                                f"train.eval_sample={sample}", f"data.dir={path}/no_data"])
+    (path / "config.yaml").write_text(cfg.to_yaml())
+    extra = READ if sample == "mixture" else {}
+    recs = [{"kind": "eval", "step": 0, "tokens": 0, "val_loss": 9.0, "val_loss/wiki": 9.0, **extra},
+            {"kind": "eval", "step": 10, "tokens": 100, "val_loss/wiki": 6.0, **final, **extra},
+            {"kind": "train", "step": 10, "tokens": 100, "epoch": 0.5, "loss": final["val_loss"]}]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+
+def panel(tmp_path: Path, sample_of=lambda curve, seed: "mixture"):
+    comp = Comparison("fig9-wsd", "Fig. 9, WSD", "§4.8", (Curve("baseline", "9", "b"),
+                                                          Curve("unified", "9", "u", paper_delta=-0.0269)))
+    plan = Plan(SEEDS, (4e-3,), (), [comp])
+    where = {}
+    for curve, (sh, kjv) in (("baseline", (3.60, 3.30)), ("unified", (3.55, 3.31))):
+        for s in range(SEEDS):
+            losses = {"val_loss/shakespeare": sh + 0.01 * s, "val_loss/kjv": kjv + 0.02 * s}
+            losses["val_loss"] = 0.6054 * losses["val_loss/shakespeare"] + 0.3946 * losses["val_loss/kjv"]
+            mixture_run(tmp_path / f"{curve}-s{s}", losses, sample_of(curve, s))
+            where[(f"fig9-wsd/{curve}", s)] = tmp_path / f"{curve}-s{s}"
+    res = Results(plan, where, "wiki")
+    for curve in comp.curves:
+        res.runs_of(comp, curve)  # read them
+    return res, comp
+
+
+def test_mixture_runs_state_their_composition_and_each_sources_loss(tmp_path):
+    res, comp = panel(tmp_path)
+    assert eval_read(res.loaded[0]).tokens == (("shakespeare", 67_072), ("kjv", 38_144))
+    said = composition_lines(res)
+    assert said == ["Each evaluation reads 105,216 tokens of the validation split as windows of 256, each source's "
+                    "documents in a fixed shuffled order, the same in every run (data/evalset.py): shakespeare 67,072 "
+                    "(63.7 %), kjv 38,144 (36.3 %). The validation loss weighs each source's loss by its share of the "
+                    "training tokens (shakespeare 60.5 % and kjv 39.5 %): it is the loss of the training mixture, and "
+                    "each comparison gives the loss per source beside it."]
+    text = "\n".join(scope(res))
+    assert text.startswith("**The eval set.** " + said[0]) and "Still the v2 runs" not in text
+    table = source_table(res, comp)
+    assert "| per source | mixture (val loss) | shakespeare | kjv |" in table
+    base = {m: stat([res.runs_of(comp, comp.curves[0])[s].final_eval[m] for s in range(SEEDS)])
+            for m in ("val_loss", "val_loss/shakespeare", "val_loss/kjv")}
+    assert f"| baseline | {fmt(base['val_loss'])} | {fmt(base['val_loss/shakespeare'])} | " \
+           f"{fmt(base['val_loss/kjv'])} |" in table
+    delta = [line for line in table if line.startswith("| Δ unified − baseline |")]
+    assert len(delta) == 1
+    cells = delta[0].split(" | ")
+    assert cells[2].startswith("-0.0500 [") and cells[3].startswith("+0.0100 [")  # shakespeare better, kjv worse
+    assert cells[1].startswith(f"{0.6054 * -0.05 + 0.3946 * 0.01:+.4f} [")  # the mixture: the shares' weighing
+
+
+def test_runs_of_different_eval_sets_are_said_apart(tmp_path):
+    res, comp = panel(tmp_path, lambda curve, seed: "prefix" if curve == "baseline" else "mixture")
+    said = composition_lines(res)
+    assert said[0].startswith("**The runs read different eval sets**")
+    assert any(line.startswith(f"- {SEEDS} runs: Each evaluation reads the first ") for line in said)
+    assert any(line.startswith(f"- {SEEDS} runs: Each evaluation reads 105,216 tokens") for line in said)
+    text = "\n".join(scope(res))
+    assert "The runs read different eval sets (below)." in text and "\n- 3 runs: " in text
