@@ -183,8 +183,10 @@ def scope(res: Results) -> list[str]:
     said, apart = (lines[0], []) if len(lines) == 1 else ("The runs read different eval sets (below).", ["", *lines])
     if res.loaded and all_prefix(res):
         return [f"**Still the v2 runs, read with v3's rules.** {said} What is new is how the same runs are read (issue "
-                f"29, items 2, 3, 6 and 7): {rules}. The items that need new runs are not done: an eval set that is "
-                "the training mixture (item 1), the seeds that would power the central claims (item 4: the count "
+                f"29, items 2, 3, 6 and 7): {rules}. The proxy now evaluates on the training mixture "
+                "(`train.eval_sample: mixture` in configs/proxy/tiny.yaml: the whole validation split, a loss per "
+                "source); these runs predate it, and their deltas cannot be paired with runs that read it. Not run "
+                "yet: the runs on that eval set, the seeds that would power the central claims (item 4: the count "
                 "below says how many) and best lr against best lr for the headline (item 5).", *apart]
     return [f"**The eval set.** {said}", *apart, "",
             f"Read with v3's rules (issue 29, items 2, 3, 6 and 7): {rules}. Not done yet: the seeds that would power "
