@@ -57,6 +57,20 @@ def plan_runs(plan: Plan, out_dir: str) -> tuple[list[Unique], dict[tuple[str, i
     return list(by_key.values()), where
 
 
+def select_runs(uniques: list[Unique], where: dict[tuple[str, int], Path], patterns: list[str]) -> list[Unique]:
+    """The runs of the curves that match a pattern ('<comparison>/<curve>', or a comparison key for all its curves),
+    in plan order; a pattern that matches no curve is an error naming the curves there are."""
+    from fnmatch import fnmatchcase
+    curves = sorted({path for path, _ in where})
+    wanted = [p if "/" in p else p + "/*" for p in patterns]
+    unmatched = [p for p, w in zip(patterns, wanted) if not any(fnmatchcase(c, w) for c in curves)]
+    if unmatched:
+        raise ValueError(f"--only {' '.join(map(repr, unmatched))} matches no curve; the curves are: "
+                         + ", ".join(curves))
+    names = {d.name for (path, _), d in where.items() if any(fnmatchcase(path, w) for w in wanted)}
+    return [u for u in uniques if u.job.run_name in names]
+
+
 class CpuLedger:
     """CPU seconds per run directory, summed over every invocation: `<out-dir>/cpu_seconds.json`."""
     FILE = "cpu_seconds.json"

@@ -6,6 +6,7 @@
     python -m scripts.results --restore docs/results_runs   # continue from an archive's finished runs
     python -m scripts.results --dry-run             # list the runs and their commands
     python -m scripts.results --seeds 8 -- key=value   # more seeds; key=value after -- goes to every run
+    python -m scripts.results --seeds 12 --only 'fig6-ladder/* d64 L4'   # more seeds for one comparison's runs
 
 Every run is a figure's run on the CPU proxy of `scripts.reproduce --scale tiny` (configs/proxy/tiny.yaml), in its
 own process, with WikiText-2's test set as a second, eval-only validation set. Seeds change the init and the data
@@ -27,7 +28,7 @@ from config import ConfigError
 from repro.comparisons import Plan
 from repro.experiments import config_of
 from repro.jobs import command
-from repro.runner import CpuLedger, archive, plan_runs, prepare_wikitext, restore, run_all
+from repro.runner import CpuLedger, archive, plan_runs, prepare_wikitext, restore, run_all, select_runs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -49,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
                    "config.yaml and metrics.jsonl, the CPU ledger) to DIR, e.g. docs/results_runs")
     p.add_argument("--restore", type=Path, metavar="DIR", help="first copy an archive's finished runs (and their "
                    "CPU seconds) into --out-dir where it lacks them, e.g. to continue in a fresh checkout")
+    p.add_argument("--only", nargs="+", metavar="CURVES", help="train only these curves' runs, each a pattern of "
+                   "'<comparison>/<curve>' (fnmatch; a bare comparison key means all its curves), e.g. "
+                   "'fig6-ladder/* d64 L4' for the dense headline rung; the page still reads every run there is")
     p.add_argument("overrides", nargs="*", help="key=value overrides for every run (after --)")
     args = p.parse_intermixed_args(argv)
     if args.seeds < 1 or args.jobs < 1:
@@ -73,6 +77,12 @@ def _run(args: argparse.Namespace, lrs: tuple[float, ...]) -> int:
     out_dir = Path(args.out_dir)
     plan = Plan(args.seeds, lrs, overrides)
     uniques, where = plan_runs(plan, args.out_dir)
+    if args.only:
+        try:
+            uniques = select_runs(uniques, where, args.only)
+        except ValueError as e:  # a pattern that matches no curve: nothing was trained
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     if args.dry_run:
         import shlex
         for u in uniques:

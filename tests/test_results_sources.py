@@ -117,3 +117,24 @@ def test_runs_of_different_eval_sets_are_said_apart(tmp_path):
     assert any(line.startswith(f"- {SEEDS} runs: Each evaluation reads 105,216 tokens") for line in said)
     text = "\n".join(scope(res))
     assert "The runs read different eval sets (below)." in text and "\n- 3 runs: " in text
+
+
+def test_only_trains_the_curves_it_names_and_refuses_a_pattern_that_matches_none(capsys):
+    """--only: the headline rungs' runs alone, each once (a run shared with another comparison included), seed by
+    seed; the page still reads every run there is. A pattern that matches nothing names the curves there are."""
+    from repro.runner import plan_runs, select_runs
+    from repro.proxy import DENSE, MOE
+    from scripts import results
+    uniques, where = plan_runs(Plan(3), "runs/x")
+    picked = select_runs(uniques, where, [f"fig6-ladder/* {DENSE.label}", f"fig7-ladder/* {MOE.label}"])
+    expected = {where[(f"{key}/{design} {shape.label}", seed)].name for key, shape in
+                (("fig6-ladder", DENSE), ("fig7-ladder", MOE)) for design in ("baseline", "unified") for seed in range(3)}
+    assert {u.job.run_name for u in picked} == expected and len(picked) == 12
+    assert [u.job.seed for u in picked] == sorted(u.job.seed for u in picked)  # seed by seed, as the plan runs
+    assert len(select_runs(uniques, where, ["fig8-muon"])) == 6  # a bare key: all its curves
+    with pytest.raises(ValueError, match="'fig6-ladder/nosuch' matches no curve; the curves are: fig1-lr_grid/"):
+        select_runs(uniques, where, ["fig8-muon", "fig6-ladder/nosuch"])
+    assert results.main(["--dry-run", "--seeds", "2", "--only", "fig9-wsd", "--out-dir", "runs/x"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 4
+    assert results.main(["--dry-run", "--only", "nosuch"]) == 2
+    assert "error: --only 'nosuch' matches no curve" in capsys.readouterr().err
