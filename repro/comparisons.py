@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from config import load_config
 from repro.figures import FIGURES
-from repro.proxy import DENSE_LADDER, MOE_LADDER, Shape
+from repro.proxy import DENSE, DENSE_LADDER, MOE, MOE_LADDER, Shape
 
 
 @dataclass(frozen=True)
@@ -25,14 +26,30 @@ class Curve:
 
 
 @dataclass(frozen=True)
+class LrGrid:
+    """What a comparison of kind "lr_grid" reads: two designs over one lr grid (curve labels "<design> lr <lr>"), their
+    delta at one lr and with each design at its own best lr (docs/paper.md §4.1: Fig. 1's two panels)."""
+    reference: str  # the design each delta is against ("baseline")
+    ours: str  # "none" (Fig. 1), "unified" (the headline)
+    lrs: tuple[str, ...]  # as lr_text writes them, ascending
+    same: str  # the lr of the same-lr row
+    paper_same: Optional[float]  # the paper's Δ at the same lr
+    paper_best: Optional[float]  # the paper's Δ with each design at its best lr
+    heads: tuple[str, str, str, str]  # the grid table's columns: reference and ours, then each on WikiText-2
+    delta: str  # what its deltas are: "without − with", "unified − baseline"
+    note: str = ""  # said under its deltas: what the paper's values are
+
+
+@dataclass(frozen=True)
 class Comparison:
     key: str  # names the plot: img/results/<key>.png
     title: str
     cite: str  # where the paper's numbers come from
     curves: tuple[Curve, ...]  # curves[0] is the reference of every Δ
-    kind: str = "panel"  # panel | lr_grid (Fig. 1) | ladder (Figs. 6, 7: baseline, unified per rung)
+    kind: str = "panel"  # panel | lr_grid (Fig. 1, the headline) | ladder (Figs. 6, 7: baseline, unified per rung)
     paper_sizes: tuple[tuple[str, float], ...] = ()  # a ladder: the paper's Δ per model size
     paper_multiplier: Optional[float] = None  # a ladder: the paper's equal-loss compute multiplier
+    grid: Optional[LrGrid] = None  # an lr_grid: its designs, lrs and the paper's two deltas
 
     @property
     def rungs(self) -> list[tuple[Curve, Curve]]:
@@ -54,6 +71,7 @@ FIG6_MULTIPLIER, FIG7_MULTIPLIER = 1.22, 1.25  # docs/paper.md §4.5, §4.6: equ
 FIG1_SAME_LR, FIG1_BEST_LR = +0.0285, +0.0149  # docs/paper.md §4.1: without − with scale vectors
 FIG8_DELTA, FIG8_MOE_DELTA = -0.0156, -0.0188  # docs/paper.md §4.7: Dense-0.12B, MoE-0.5B, unified − baseline
 FIG9_DELTA, FIG9_MOE_DELTA = -0.0269, -0.0186  # docs/paper.md §4.8
+LR_FACTORS = (0.5, 1.0, 2.0)  # issue 29, item 5: the headline at ×½, ×1 and ×2 of the paper's lr
 
 
 @dataclass
@@ -89,7 +107,7 @@ def default_comparisons(lrs: tuple[float, ...]) -> list[Comparison]:
     out.append(Comparison("fig1-lr_grid", "Fig. 1, with and without scale vectors over an lr grid", "docs/paper.md §4.1",
                           tuple(Curve(f"{name} lr {lr_text(lr)}", "1", run, (f"optim.lr={lr_text(lr)}",), f"-lr{lr_text(lr)}")
                                 for lr in lrs for name, run in (("baseline", "baseline"), ("none", "none_lr4e-3"))),
-                          kind="lr_grid"))
+                          kind="lr_grid", grid=fig1_grid(lrs)))
     # A ladder rung has no paper size of its own: its Δ is compared with the mean of the paper's sizes.
     out.append(Comparison("fig6-ladder", "Fig. 6, unified vs baseline over a ladder of dense proxy sizes",
                           "docs/paper.md §4.5",
@@ -106,9 +124,51 @@ def default_comparisons(lrs: tuple[float, ...]) -> list[Comparison]:
                           "docs/paper.md §4.6",
                           tuple(c for shape in MOE_LADDER for c in pair("7", "0.5b", mean(FIG7_DELTAS.values()), shape)),
                           kind="ladder", paper_sizes=tuple(FIG7_DELTAS.items()), paper_multiplier=FIG7_MULTIPLIER))
+    # Issue 29, item 5: the headline rungs over ×½, ×1, ×2 of the paper's lr, appended so that no run directory of
+    # the comparisons above is renamed or reordered; the ×1 curves are the ladders' rungs, the same run directories.
+    out.append(lr_headline("fig6-best_lr", "Fig. 6", "6", "0.12b", mean(FIG6_DELTAS.values()), DENSE))
+    out.append(lr_headline("fig7-best_lr", "Fig. 7", "7", "0.5b", mean(FIG7_DELTAS.values()), MOE))
     return out
 
 
+def fig1_grid(lrs: tuple[float, ...]) -> LrGrid:
+    """Fig. 1's grid (the plan's --lrs): without − with scale vectors at the paper's 4e-3 when the grid has it (else
+    its middle lr) and each at its best (docs/paper.md §4.1)."""
+    texts = tuple(lr_text(lr) for lr in sorted(lrs))
+    same = lr_text(4e-3) if lr_text(4e-3) in texts else texts[len(texts) // 2]
+    return LrGrid("baseline", "none", texts, same, FIG1_SAME_LR, FIG1_BEST_LR,
+                  ("with scale vectors (baseline)", "without (none)", "WikiText-2 with", "WikiText-2 without"),
+                  "without − with")
+
+
+def lr_headline(key: str, fig: str, figure: str, run: str, paper: float, shape: Shape) -> Comparison:
+    """A headline rung (`pair(figure, run, ..., shape)`, a ladder's) at ×½, ×1 and ×2 of the paper's lr, unified
+    − baseline at the paper's lr and with each at its best (issue 29, item 5). The paper's lr is the figure config's
+    baseline lr (docs/paper.md §2.1, §2.2: one lr per size), which the paper tuned for the baseline and used for the
+    improved model too (§2.1): its Δ is the baseline at its best lr, so both rows are read against it, as the rung
+    is. The ×1 curves keep the rung's suffix: with their lr equal to the config's they are the rung's experiments,
+    so the runner (repro/runner.py, plan_runs) gives them the rung's run directories; the others add "-lr<lr>"."""
+    base, uni = pair(figure, run, None, shape)
+    paper_lr = load_config(FIGURES[figure].config(base.run)).optim.lr
+    lrs = tuple(lr_text(f * paper_lr) for f in LR_FACTORS)
+    curves = tuple(Curve(f"{design} lr {lr}", figure, c.run, (f"optim.lr={lr}",),
+                         c.suffix + ("" if f == 1 else f"-lr{lr}"), shape=shape)
+                   for f, lr in zip(LR_FACTORS, lrs) for design, c in (("baseline", base), ("unified", uni)))
+    note = (f"Both deltas are read against the paper's {paper:+.4f}, the mean of its sizes as for the ladder's rung: "
+            "the paper tuned the lr for the baseline and used it for the unified model (docs/paper.md §2.1), so its Δ "
+            "is already the baseline at its best lr.")
+    return Comparison(key, f"{fig}'s headline rung ({shape.label}), unified vs baseline at ×½, ×1, ×2 the paper's "
+                      f"lr ({lrs[1]})", "docs/paper.md §2.1, §4.5, §4.6", curves, kind="lr_grid",
+                      grid=LrGrid("baseline", "unified", lrs, lrs[1], paper, paper,
+                                  ("baseline", "unified", "WikiText-2 baseline", "WikiText-2 unified"),
+                                  "unified − baseline", note))
+
+
 def lr_text(lr: float) -> str:
-    """2e-3, not 0.002: as the paper and the configs write an lr."""
-    return f"{lr:.0e}".replace("e-0", "e-").replace("e+0", "e")
+    """2e-3, not 0.002: as the paper and the configs write an lr, with as few digits as give back the same float
+    (1.5e-3 for ×½ of 3e-3)."""
+    for digits in range(16):
+        text = f"{lr:.{digits}e}"
+        if float(text) == lr:
+            break
+    return text.replace("e-0", "e-").replace("e+0", "e")

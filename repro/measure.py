@@ -3,8 +3,10 @@ verdicts, Δ-loss curves over training, and which rows and runs are shared betwe
 
 A *row* is one delta of the page: ours − reference in the final validation loss, paired by seed. Two rows that read
 the same pair of run directories for every seed are one measurement (Fig. 1's "each at its best lr" when both best
-lrs are the "same lr" pair): the page shows it once and counts it once. A run directory read by several comparisons
-(Fig. 5's baseline is Fig. 1's at lr 4e-3 and a rung of Fig. 6's ladder) is one run, marked where it is shared.
+lrs are the "same lr" pair; a headline lr grid's same-lr row, which is its ladder's rung): the page shows it once and
+counts it once. A run directory read by several comparisons (Fig. 5's baseline is Fig. 1's at lr 4e-3 and a rung of
+Fig. 6's ladder) is one run, marked where it is shared. An lr grid picks each design's best lr over the seeds that
+have run at every lr of the grid, and has no rows until each of its curves has a run.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
-from repro.comparisons import FIG1_BEST_LR, FIG1_SAME_LR, Comparison, Curve, Plan, lr_text
+from repro.comparisons import Comparison, Curve, Plan
 from repro.runs import Run, load_run
 from repro.stats import Stat, stat, verdict
 
@@ -110,28 +112,33 @@ class Results:
         return Row(comp, label, ours, ref, paper, self.delta(comp, ours, ref), self.delta(comp, ours, ref, self.wiki),
                    runs)
 
-    def best_lr(self, comp: Comparison, model: str) -> Optional[str]:
-        """Fig. 1: the lr of the grid where `model` ("baseline" or "none") ends lowest, mean over seeds."""
-        means = {lr_text(lr): self.final(comp, lr_curve(comp, model, lr_text(lr))) for lr in self.plan.lrs}
-        means = {lr: s.mean for lr, s in means.items() if s is not None}
-        return min(means, key=means.get) if means else None
+    def best_lr(self, comp: Comparison, design: str) -> Optional[str]:
+        """An lr grid's lr where `design` ends lowest: the mean final val loss over the seeds finished at every lr of
+        the grid (so each lr's mean is over the same seeds); None until one seed is."""
+        finals = {lr: self.finals(comp, lr_curve(comp, design, lr)) for lr in comp.grid.lrs}
+        seeds = set.intersection(*(set(f) for f in finals.values()))
+        if not seeds:
+            return None
+        means = {lr: sum(f[s] for s in seeds) / len(seeds) for lr, f in finals.items()}
+        return min(comp.grid.lrs, key=means.get)
 
-    def same_lr(self) -> str:
-        """Fig. 1's "same lr": the paper's 4e-3 when the grid has it, else the grid's middle."""
-        lrs = [lr_text(lr) for lr in self.plan.lrs]
-        return lr_text(4e-3) if lr_text(4e-3) in lrs else lrs[len(lrs) // 2]
+    def missing(self, comp: Comparison) -> list[Curve]:
+        """The comparison's curves without a finished run."""
+        return [c for c in comp.curves if not self.runs_of(comp, c)]
 
     def comparison_rows(self, comp: Comparison) -> list[Row]:
         """Before deduplication: every delta the comparison reads, in its table's order."""
-        if comp.kind == "lr_grid":  # without − with scale vectors (docs/paper.md §4.1)
-            same = self.same_lr()
-            out = [self.row(comp, f"same lr ({same})", lr_curve(comp, "none", same), lr_curve(comp, "baseline", same),
-                            FIG1_SAME_LR)]
-            best_none, best_base = self.best_lr(comp, "none"), self.best_lr(comp, "baseline")
-            if best_none and best_base:
-                out.append(self.row(comp, f"each at its best lr (none {best_none}, baseline {best_base})",
-                                    lr_curve(comp, "none", best_none), lr_curve(comp, "baseline", best_base),
-                                    FIG1_BEST_LR))
+        if comp.kind == "lr_grid":  # ours − reference at one lr, then each at its best (docs/paper.md §4.1)
+            if self.missing(comp):  # not run yet: its section says so in one line, and nothing of it is counted
+                return []
+            g = comp.grid
+            out = [self.row(comp, f"same lr ({g.same})", lr_curve(comp, g.ours, g.same),
+                            lr_curve(comp, g.reference, g.same), g.paper_same)]
+            best_ours, best_ref = self.best_lr(comp, g.ours), self.best_lr(comp, g.reference)
+            if best_ours and best_ref:
+                out.append(self.row(comp, f"each at its best lr ({g.ours} {best_ours}, {g.reference} {best_ref})",
+                                    lr_curve(comp, g.ours, best_ours), lr_curve(comp, g.reference, best_ref),
+                                    g.paper_best))
             return out
         if comp.kind == "ladder":
             return [self.row(comp, rung_label(base), uni, base, uni.paper_delta) for base, uni in comp.rungs]
@@ -154,12 +161,19 @@ class Results:
     def rows_of(self, comp: Comparison) -> list[Row]:
         return [r for r in self.rows if r.comparison is comp]
 
+    def row_reading(self, comp: Comparison, ours: Curve, ref: Curve) -> Optional[Row]:
+        """The first row of the page that reads ours − ref's run directories (either way round), if any."""
+        runs = {(self.path(comp, ours, s), self.path(comp, ref, s)) for s in range(self.plan.seeds)}
+        return next((r for r in self.rows if set(r.runs) == runs or {(b, a) for a, b in r.runs} == runs), None)
+
     # ---------------------------------------------------------------------------------------------- shared runs
 
     def readers(self, comp: Comparison, curve: Curve) -> list[str]:
-        """The other comparisons that read any of this curve's run directories, in plan order."""
+        """The other comparisons that read any of this curve's run directories, in plan order (an lr grid not run yet
+        reads none: its section is one line)."""
         mine = {self.path(comp, curve, s) for s in range(self.plan.seeds)}
         return [other.title for other in self.plan.comparisons if other is not comp
+                and not (other.kind == "lr_grid" and self.missing(other))
                 and any(self.path(other, c, s) in mine for c in other.curves for s in range(self.plan.seeds))]
 
     # -------------------------------------------------------------------------------------------------- curves
@@ -183,9 +197,9 @@ def band(label: str, curves: list[dict[int, float]], of: str = "") -> Band:
     return Band(label, xs, [stat([c[x] for c in curves]) for x in xs], of)
 
 
-def lr_curve(comp: Comparison, model: str, lr: str) -> Curve:
-    """Fig. 1's curve of `model` ("baseline" or "none") at `lr` (its label: "<model> lr <lr>")."""
-    return next(c for c in comp.curves if c.label == f"{model} lr {lr}")
+def lr_curve(comp: Comparison, design: str, lr: str) -> Curve:
+    """An lr grid's curve of `design` ("baseline", "none", "unified") at `lr` (its label: "<design> lr <lr>")."""
+    return next(c for c in comp.curves if c.label == f"{design} lr {lr}")
 
 
 def rung_label(curve: Curve) -> str:

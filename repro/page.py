@@ -17,7 +17,7 @@ from repro import proxy
 from repro.comparisons import Comparison, Plan
 from repro.figures import FIGURES
 from repro.measure import Results
-from repro.reading import count_section, plain_reading
+from repro.reading import count_section, plain_reading, retuned_done
 from repro.runs import Run
 from repro.sections import ladder_section, lr_grid_section, panel_section
 from repro.sources import all_prefix, composition_lines, eval_read, source_table
@@ -64,6 +64,8 @@ def proxy_section(res: Results) -> list[str]:
     out = ["| comparison | seeds | runs | tokens per compute parameter | tokens per parameter, all counted | steps | "
            "passes over the data |", "|---|---|---|---|---|---|---|"]
     for comp in res.plan.comparisons:
+        if comp.kind == "lr_grid" and res.missing(comp):  # not run yet: its section says so, in one line
+            continue
         per_curve = [res.runs_of(comp, c) for c in comp.curves]
         runs = list({r.path: r for rs in per_curve for r in rs.values()}.values())
         if not runs:
@@ -123,7 +125,9 @@ def write_page(plan: Plan, where: dict, page: Path, cpu_seconds: float, wiki: st
     res = Results(plan, where, wiki)
     body, orderings = [], []
     for comp in plan.comparisons:
-        body += section(res, comp, img_dir, orderings) + source_table(res, comp)
+        body += section(res, comp, img_dir, orderings)
+        if comp.kind != "lr_grid" or not res.missing(comp):  # a grid not run yet is its one line
+            body += source_table(res, comp)
     text = [
         "# Results: a measured small-scale reproduction of Figures 1 and 5–9",
         "",
@@ -132,7 +136,7 @@ def write_page(plan: Plan, where: dict, page: Path, cpu_seconds: float, wiki: st
         "",
         *intro(res, cpu_seconds),
         "",
-        *scope(res),
+        *scope(res, retuned_done(res)),
         "",
         "## The reading in plain words",
         "",
@@ -173,13 +177,15 @@ def intro(res: Results, cpu_seconds: float) -> list[str]:
     ]
 
 
-def scope(res: Results) -> list[str]:
+def scope(res: Results, retuned: bool = False) -> list[str]:
     """The eval set the runs read (repro/sources.py: from the runs), and what of issue 29 the runs cannot do yet
-    (its items that need new runs); v2's runs read the val split's first tokens (one source)."""
+    (its items that need new runs; item 5 until `retuned`, the headline's lr grids all run); v2's runs read the val
+    split's first tokens (one source)."""
     rules = ("labels that say when an interval excludes the paper's value or cannot tell, a count over linearly "
              "independent rows with Holm and Benjamini–Hochberg corrections, bootstrap intervals on every multiplier "
              "and crossing, and the seeds each central claim needs")
     lines = composition_lines(res)
+    item5 = "" if retuned else " and best lr against best lr for the headline (item 5)"
     said, apart = (lines[0], []) if len(lines) == 1 else ("The runs read different eval sets (below).", ["", *lines])
     if res.loaded and all_prefix(res):
         return [f"**Still the v2 runs, read with v3's rules.** {said} What is new is how the same runs are read (issue "
@@ -187,11 +193,10 @@ def scope(res: Results) -> list[str]:
                 "(`train.eval_sample: mixture` in configs/proxy/tiny.yaml: the whole validation split, a loss per "
                 "source); these runs predate it, and their deltas cannot be paired with runs that read it. Not run "
                 "yet: the runs on that eval set, the seeds that would power the central claims (item 4: the count "
-                "below says how many) and best lr against best lr for the headline (item 5).", *apart]
+                f"below says how many){item5}.", *apart]
     return [f"**The eval set.** {said}", *apart, "",
             f"Read with v3's rules (issue 29, items 2, 3, 6 and 7): {rules}. Not done yet: the seeds that would power "
-            "the central claims (item 4: the count below says how many) and best lr against best lr for the headline "
-            "(item 5)."]
+            f"the central claims (item 4: the count below says how many){item5}."]
 
 
 def section(res: Results, comp: Comparison, img_dir: Path, orderings: list[bool]) -> list[str]:

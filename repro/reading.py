@@ -1,8 +1,9 @@
 """The results page's reading: first in plain words (which of the paper's claims the proxy supports, contradicts,
-rules out in size, or cannot resolve, with the numbers), then the count behind it — the rows that are sums of others,
-each independent row's paired t test with the Holm and Benjamini–Hochberg corrections, the seeds each central claim
-needs — and v1 against v2. Labels are repro/stats.py's, the basis repro/contrasts.py's, the tests
-repro/significance.py's, the laws repro/laws.py's through repro/sections.py.
+rules out in size, or cannot resolve, with the numbers, and the headline with each design at its best lr once those
+runs exist), then the count behind it — the rows that are sums of others, each independent row's paired t test with
+the Holm and Benjamini–Hochberg corrections, the seeds each central claim needs — and v1 against v2. Labels are
+repro/stats.py's, the basis repro/contrasts.py's, the tests repro/significance.py's, the laws repro/laws.py's through
+repro/sections.py.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from repro.contrasts import Contrasts, combination_text, contrasts
 from repro.laws import LadderLaw, ratio_text, times, times_interval, times_text
 from repro.measure import Results, Row
 from repro.proxy import DENSE, MOE
-from repro.sections import crossing_log, law_of
+from repro.sections import crossing_log, law_of, lead_after_retuning
 from repro.significance import benjamini_hochberg, holm, p_value, seeds_for
 from repro.stats import (ALPHA, CONTRADICTS, FAR, LARGER, REPRODUCES, RULED_OUT, SMALLER, UNDECIDED, UNINFORMATIVE,
                          VERDICTS, far, fmt, ratio, verdict_class)
@@ -26,6 +27,10 @@ CENTRAL = (("Dense unified vs baseline, the 0.12B proxy", "fig6-ladder", DENSE.l
            ("Muon, dense", "fig8-muon", "unified"), ("WSD, dense", "fig9-wsd", "unified"),
            ("Muon, MoE", "fig8-muon_moe", "unified"), ("WSD, MoE", "fig9-wsd_moe", "unified"))
 MDE_FLOOR = 0.02  # issue 29, item 4: an MDE at or below the larger of the paper's |Δ| and this
+# The headline at each design's best lr (issue 29, item 5): (what it is, the lr grid's comparison key).
+RETUNED = (("Dense unified vs baseline, each at its best lr", "fig6-best_lr"),
+           ("MoE unified vs baseline, each at its best lr", "fig7-best_lr"))
+RETUNED_SEEDS = 4  # issue 29, item 5: each at three lrs at ≥ 4 seeds
 
 
 def distinct(res: Results) -> list[Row]:
@@ -75,6 +80,7 @@ def plain_reading(res: Results) -> list[str]:
         return ["No delta has two seeds yet: the proxy says nothing about the paper's claims so far.", ""]
     out = ["The paper's central claims, each one row of the tables below:", ""]
     out += [f"- {name}: {delta_text(r)}: **{verdict_class(r.delta, r.paper)}**." for name, r in central_rows(res)]
+    out += retuned_lines(res)
     out.append("")
     for head, what, classes in GROUPS:
         group = [r for r in rows if verdict_class(r.delta, r.paper) in classes]
@@ -92,6 +98,34 @@ def plain_reading(res: Results) -> list[str]:
         if law is not None and law.boot is not None:
             out += ["", law_sentence(comp, law)]
     return out + [""]
+
+
+def retuned_grids(res: Results) -> list[tuple[str, Comparison]]:
+    """RETUNED's comparisons that the plan has."""
+    comps = {c.key: c for c in res.plan.comparisons}
+    return [(name, comps[key]) for name, key in RETUNED if key in comps]
+
+
+def retuned_done(res: Results) -> bool:
+    """Whether every RETUNED grid has its delta with each design at its best lr over RETUNED_SEEDS paired seeds."""
+    rows = [res.rows_of(comp) for _, comp in retuned_grids(res)]
+    return bool(rows) and all(len(r) == 2 and r[1].delta is not None and r[1].delta.n >= RETUNED_SEEDS for r in rows)
+
+
+def retuned_lines(res: Results) -> list[str]:
+    """The headline with each design at its best lr (repro/sections.py, lr_grid_section), beside the same-lr delta:
+    one line per grid whose every lr of both designs has run; nothing for one that has not."""
+    out = []
+    for name, comp in retuned_grids(res):
+        rows = res.rows_of(comp)
+        if len(rows) < 2:
+            continue
+        (same, best), g = rows, comp.grid
+        lrs = f"of {', '.join(g.lrs)}: {g.ours} {res.best_lr(comp, g.ours)}, {g.reference} " \
+              f"{res.best_lr(comp, g.reference)}"
+        out.append(f"- {name} ({lrs}): {delta_text(best)}: **{verdict_class(best.delta, best.paper)}**; at the same "
+                   f"lr ({g.same}) {fmt(same.delta, True)}: {lead_after_retuning(g, same.delta, best.delta)}.")
+    return out
 
 
 def tests_over(c: Contrasts) -> tuple[list[float], list[bool], list[bool]]:

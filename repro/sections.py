@@ -5,17 +5,19 @@ with ours/paper, the 95 % interval, the MDE and the verdict), its Δ-loss curves
 from __future__ import annotations
 
 import math
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from repro.comparisons import Comparison, Curve, lr_text
+from repro.comparisons import Comparison, Curve, LrGrid
 from repro.laws import (LadderLaw, Rung, ladder_law, pflops_days, ratio_text, times, times_interval,
                         times_text)
 from repro.measure import CurvePanel, Results, Row, lr_curve
 from repro.plotting import draw_deltas, plot_law
 from repro.proxy import compute_params
-from repro.stats import fmt, ratio
+from repro.stats import (APPEARS, FADES, NO_LEAD, REVERSES, SURVIVES, TOO_FEW, Stat, fmt, ratio,
+                         retuned)
 
 DAGGER = "†"
 DELTA_HEAD = "Δ val [95 % CI] | paper Δ | ours/paper | MDE | Δ WikiText-2 [95 % CI] | verdict"
@@ -92,27 +94,88 @@ def panel_section(res: Results, comp: Comparison, img_dir: Path) -> tuple[list[s
 
 
 def lr_grid_section(res: Results, comp: Comparison, img_dir: Path) -> list[str]:
-    """Fig. 1: the grid, each model's best lr, then without − with at the same lr and at each one's best."""
-    lrs = [lr_text(lr) for lr in res.plan.lrs]
-    best = {m: res.best_lr(comp, m) for m in ("baseline", "none")}
-    out = [f"### {comp.title}", "", "| lr | with scale vectors (baseline) | without (none) | WikiText-2 with | "
-           "WikiText-2 without |", "|---|---|---|---|---|"]
-    for lr in lrs:
-        cells = [fmt(res.final(comp, lr_curve(comp, m, lr), metric)) + (" (best)" if metric == "val_loss"
-                                                                          and best[m] == lr else "")
-                 for metric in ("val_loss", res.wiki) for m in ("baseline", "none")]
+    """An lr grid (Fig. 1; the headline rungs, issue 29, item 5): each design's final loss at every lr with its best
+    marked, then ours − reference at the same lr and with each at its best lr, and what retuning does to the lead.
+    Until every curve has a finished run the section is one line saying what has not run (and the comparison has no
+    rows: repro/measure.py)."""
+    g, rows, out = comp.grid, res.rows_of(comp), [f"### {comp.title}", ""]
+    missing = res.missing(comp)
+    if missing:
+        return out + [not_run_line(res, comp, missing), ""]
+    best = {d: res.best_lr(comp, d) for d in (g.reference, g.ours)}
+    out += [f"| lr | {' | '.join(g.heads)} |", "|---|---|---|---|---|"]
+    for lr in g.lrs:
+        cells = [fmt(res.final(comp, lr_curve(comp, d, lr), metric)) + (" (best)" if metric == "val_loss"
+                                                                          and best[d] == lr else "")
+                 for metric in ("val_loss", res.wiki) for d in (g.reference, g.ours)]
         out.append(f"| {lr} | " + " | ".join(cells) + " |")
     notes: dict[str, list[str]] = {}
-    for lr in lrs:
-        for m in ("baseline", "none"):
-            marked(res, comp, lr_curve(comp, m, lr), f"{m} lr {lr}", notes)
-    out += footnote(notes)
-    rows = res.rows_of(comp)
-    out += ["", f"| without − with | {DELTA_HEAD} |", "|---" * 7 + "|"]
-    out += [f"| {row.label} | {delta_cells(row)} |" for row in rows] + [""]
-    panels = [curve_panel(res, comp, f"Fig. 1, {row.label}", [row.ref, row.ours], [row], row.ref.label)
-              for row in rows if not row.same_as]
+    for lr in g.lrs:
+        for d in (g.reference, g.ours):
+            marked(res, comp, lr_curve(comp, d, lr), f"{d} lr {lr}", notes)
+    out += footnote(notes) + [""] + delta_table(g, rows) + [""] + ([g.note, ""] if g.note else [])
+    said = retuning_sentence(res, comp)
+    out += [said or "No seed has finished at every lr of both designs yet: no delta with each at its best lr.", ""]
+    drawn = {row.runs: row for row in reversed(rows) if row.delta is not None}  # the first row of each pair of runs
+    panels = [CurvePanel(f"{comp.title.split(',')[0]}, {row.label}", row.ref.label,
+                         [res.loss_band(comp, c) for c in (row.ref, row.ours)], [res.delta_band(row)])
+              for row in rows if drawn.get(row.runs) is row]
     return out + image(res, comp, panels, img_dir)
+
+
+def delta_table(g: LrGrid, rows: list[Row]) -> list[str]:
+    return [f"| {g.delta} | {DELTA_HEAD} |", "|---" * 7 + "|"] + [
+        f"| {row.label} | {delta_cells(row)} |" for row in rows]
+
+
+def not_run_line(res: Results, comp: Comparison, missing: list[Curve]) -> str:
+    """The one line of a grid whose curves have not all run: which, the command that trains them, and where its
+    same-lr delta is when another comparison shows it."""
+    cmd = shlex.join(["python", "-m", "scripts.results", "--seeds", str(res.plan.seeds), "--only",
+                      *(f"{comp.key}/{c.label}" for c in missing)])
+    g = comp.grid
+    same = res.row_reading(comp, lr_curve(comp, g.ours, g.same), lr_curve(comp, g.reference, g.same))
+    where = f"; its same-lr delta is *{same.title}*" if same else ""
+    return (f"**Not run yet:** {len(missing)} of its {len(comp.curves)} curves have no finished run "
+            f"({', '.join(c.label for c in missing)}), so there is no delta with each design at its best lr"
+            f"{where}. `{cmd}` trains them.")
+
+
+def retuning_sentence(res: Results, comp: Comparison) -> Optional[str]:
+    """An lr grid's ours − reference at the same lr beside each at its best lr (both paired by seed), and whether the
+    same-lr lead survives lr retuning (repro/stats.py, retuned); None without the best-lr row."""
+    rows = res.rows_of(comp)
+    if len(rows) < 2:
+        return None
+    g, (same, best) = comp.grid, rows
+    d = g.delta
+    if (best.ours, best.ref) == (same.ours, same.ref):
+        numbers = (f"Both designs are best at {g.same}, so the delta with each at its best lr is the same-lr one, "
+                   f"{d} {fmt(same.delta, True)} (paired by seed)")
+    else:
+        numbers = (f"{d}: {fmt(same.delta, True)} at the same lr ({g.same}), {fmt(best.delta, True)} with each at "
+                   f"its best lr ({g.ours} {res.best_lr(comp, g.ours)}, {g.reference} {res.best_lr(comp, g.reference)};"
+                   " each paired by seed)")
+    return f"{numbers}: {lead_after_retuning(g, same.delta, best.delta)}."
+
+
+def lead_after_retuning(g: LrGrid, same: Optional[Stat], best: Optional[Stat]) -> str:
+    """What lr retuning does to the same-lr lead, in words (lower loss leads)."""
+    v = retuned(same, best)
+    if v == TOO_FEW:
+        return "with fewer than two seeds paired there is no interval, **too few seeds to say whether a lead survives"\
+               " lr retuning**"
+    lead = lambda s: g.ours if s.mean < 0 else g.reference  # noqa: E731
+    trail = lambda s: g.reference if s.mean < 0 else g.ours  # noqa: E731
+    return {SURVIVES: f"{lead(same)} leads, resolved, at the same lr and with each at its best: **the lead survives lr "
+                      "retuning**",
+            FADES: f"{lead(same)}'s lead at the same lr is unresolved with each at its best lr: **the lead does not "
+                   f"survive lr retuning** (a lead at one lr can be only {trail(same)}'s lr tolerance)",
+            REVERSES: f"{lead(same)} leads at the same lr and {lead(best)} with each at its best, both resolved: "
+                      "**the lead reverses under lr retuning**",
+            APPEARS: f"unresolved at the same lr, {lead(best)} leads with each at its best lr: **a lead appears under "
+                     "lr retuning**",
+            NO_LEAD: "neither is resolved: **no lead at the same lr, and none with each at its best lr**"}[v]
 
 
 @dataclass(frozen=True)

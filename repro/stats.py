@@ -137,6 +137,25 @@ def verdict(delta: Optional[Stat], paper: Optional[float]) -> str:
     return v
 
 
+# What retuning the lr does to the same-lr delta's lead (issue 29, item 5), from the same-lr and best-vs-best deltas.
+SURVIVES, FADES, REVERSES, APPEARS, NO_LEAD, TOO_FEW = ("survives", "does not survive", "reverses", "appears",
+                                                        "no lead", "too few seeds")
+
+
+def retuned(same: Optional[Stat], best: Optional[Stat]) -> str:
+    """A lead (a resolved same-lr delta) *survives* lr retuning when the best-vs-best delta is resolved with its sign,
+    *does not survive* when the best-vs-best delta is unresolved (at one lr the lead may be only the other design's
+    lr tolerance), and *reverses* when it is resolved with the other sign; without a lead at the same lr, one
+    *appears* when the best-vs-best delta is resolved, else there is *no lead* either way."""
+    if same is None or best is None or same.n < 2 or best.n < 2:
+        return TOO_FEW
+    if same.resolved:
+        if not best.resolved:
+            return FADES
+        return SURVIVES if (same.mean > 0) == (best.mean > 0) else REVERSES
+    return APPEARS if best.resolved else NO_LEAD
+
+
 def far(delta: Optional[Stat], paper: Optional[float]) -> bool:
     """The point estimate is of the opposite sign, or more than FAR times or under 1/FAR of the paper's."""
     r = ratio(delta, paper)

@@ -19,9 +19,11 @@ from scripts import results
 
 SEEDS = 2
 # 11 Fig. 5 runs; Fig. 1's grid at 2 lrs less its baseline at 4e-3 (Fig. 5's); Fig. 6's ladder less its d64 L4
-# rung (Fig. 5's baseline and hg_dnp_or_iwd); Figs. 8 and 9, dense and MoE; Fig. 7's 3 rungs: per seed.
-EXPERIMENTS = 11 + 3 + 6 + 4 + 4 + 6
-ROWS = 12 + 2 + 4 + 4 + 3  # Fig. 5's deltas, Fig. 1's two, Fig. 6's rungs, Figs. 8 and 9, Fig. 7's rungs
+# rung (Fig. 5's baseline and hg_dnp_or_iwd); Figs. 8 and 9, dense and MoE; Fig. 7's 3 rungs; the headline lr grids
+# less their ×1 runs (the rungs'): dense less its baseline at 8e-3 (Fig. 1's), MoE at ×½ and ×2: per seed.
+EXPERIMENTS = 11 + 3 + 6 + 4 + 4 + 6 + 3 + 4
+# Fig. 5's deltas, Fig. 1's two, Fig. 6's rungs, Figs. 8 and 9, Fig. 7's rungs, the headline grids' two each
+ROWS = 12 + 2 + 4 + 4 + 3 + 4
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +79,11 @@ def test_every_comparison_runs_once_per_experiment(miniature):
     assert "fig6-0.12b_unified-tiny-d64L4-s0" not in dirs and "fig6-0.12b_unified-tiny-d96L4-s1" in dirs
     assert {"fig7-0.5b_unified-tiny-d32L2E8-s1", "fig8-moe_0.5b_unified-tiny-s0", "fig9-moe_0.5b_baseline-tiny-s1"} \
         <= set(dirs)
+    # The headline lr grids: new runs at ×½ and ×2, the rungs' at ×1, Fig. 1's baseline at 8e-3 (in the grid here)
+    assert {"fig6-0.12b_unified-tiny-d64L4-lr2e-3-s0", "fig6-0.12b_baseline-tiny-d64L4-lr2e-3-s1",
+            "fig7-0.5b_baseline-tiny-d64L2E8-lr1e-3-s0", "fig7-0.5b_unified-tiny-d64L2E8-lr4e-3-s1"} <= set(dirs)
+    assert not any(d.startswith(("fig6-0.12b_baseline-tiny-d64L4-lr8e-3", "fig6-0.12b_unified-tiny-d64L4-s"))
+                   for d in dirs)
     widths = {load_run(runs / f"fig7-0.5b_baseline-tiny-{s}-s0").cfg.model.d_model for s in ("d32L2E8", "d96L2E8")}
     assert widths == {32, 96}  # the rungs are distinct models
     for d in dirs:
@@ -93,8 +100,11 @@ def test_page_numbers_come_from_the_runs(miniature):
     for title in ("Fig. 5, heterogeneity", "Fig. 5, placement", "Fig. 5, reparameterization", "Fig. 5, weight decay",
                   "Fig. 6, unified vs baseline", "Fig. 7, unified vs baseline", "Fig. 8, Muon, dense",
                   "Fig. 8, Muon, MoE", "Fig. 9, WSD schedule, dense", "Fig. 9, WSD schedule, MoE",
-                  "Fig. 1, with and without", "v2 against v1"):
+                  "Fig. 1, with and without", "v2 against v1", "Fig. 6's headline rung (d64 L4), unified vs baseline",
+                  "Fig. 7's headline rung (d64 L2 E8), unified vs baseline"):
         assert f"### {title}" in text
+    assert "Not run yet" not in text and text.count("**the lead") + text.count("**no lead") \
+        + text.count("**a lead") >= 3  # Fig. 1's and the headline grids' retuning sentences
     # Fig. 9's dense delta, recomputed from the two runs of each seed: mean, 95 % interval, paper, ratio, MDE.
     deltas = [load_run(runs / f"fig9-0.12b_unified-tiny-s{s}").final_val_loss
               - load_run(runs / f"fig9-0.12b_baseline-tiny-s{s}").final_val_loss for s in range(SEEDS)]
@@ -123,7 +133,7 @@ def test_page_numbers_come_from_the_runs(miniature):
     images = re.findall(r"\]\((img/results/[^)]+)\)", text)
     for image in images:
         assert (page.parent / image).stat().st_size > 1000
-    assert len(images) == 13  # 11 comparisons + 2 scaling laws
+    assert len(images) == 15  # 13 comparisons + 2 scaling laws
 
 
 def test_page_reads_first_and_counts_over_independent_rows(miniature):
@@ -143,6 +153,7 @@ def test_page_reads_first_and_counts_over_independent_rows(miniature):
             and "in a fixed shuffled order, the same in every run (data/evalset.py); the data names no sources."
             in text[:plain])
     assert "`python -m scripts.results --page-only --out-dir docs/results_runs`" in text[:plain]
+    # item 5 stays listed: its grids have run, at 2 seeds of the 4 it asks for
     assert "(item 1)" not in text[:plain] and "(item 4" in text[:plain] and "(item 5)" in text[:plain]
     # Rows that are sums of others (the same plan as the page's): stated, and left out of the tests.
     independent, distinct, sums = map(int, re.search(
@@ -308,7 +319,7 @@ def test_every_planned_run_is_sized_by_the_proxy_rules():
     from repro.experiments import config_of
     from repro.runner import plan_runs
     uniques, _ = plan_runs(Plan(4), "runs/results")
-    assert len(uniques) == 36 * 4
+    assert len(uniques) == 42 * 4
     ratios = {}
     for u in uniques:
         cfg = config_of(u.job.argv)

@@ -11,7 +11,7 @@ import math
 import pytest
 
 from config import load_config
-from repro.comparisons import Comparison, Curve, Plan
+from repro.comparisons import Comparison, Curve, Plan, fig1_grid
 from repro.laws import PowerLaw, Rung, crossing, ladder_law, log_multiplier_at
 from repro.contrasts import combination_text, contrasts
 from repro.measure import Results
@@ -153,7 +153,8 @@ SEEDS = 3
 def grid_plan(tmp_path, losses: dict[str, list[float]]):
     """Fig. 1's grid at 4e-3 and 8e-3, and a panel "fig8-muon" whose two curves read the grid's 4e-3 runs."""
     grid = Comparison("fig1-lr_grid", "Fig. 1, grid", "§4.1", tuple(
-        Curve(f"{m} lr {lr}", "1", m) for lr in ("4e-3", "8e-3") for m in ("baseline", "none")), kind="lr_grid")
+        Curve(f"{m} lr {lr}", "1", m) for lr in ("4e-3", "8e-3") for m in ("baseline", "none")), kind="lr_grid",
+        grid=fig1_grid((4e-3, 8e-3)))
     muon = Comparison("fig8-muon", "Fig. 8, Muon", "§4.7", (Curve("baseline", "8", "b"),
                                                             Curve("unified", "8", "u", paper_delta=-0.0156)))
     plan = Plan(SEEDS, (4e-3, 8e-3), (), [grid, muon])
@@ -181,7 +182,12 @@ def test_a_row_with_the_runs_of_another_is_shown_once(tmp_path):
     assert [r.counted for r in res.rows] == [True, False, False]
     text = "\n".join(lr_grid_section(res, plan.comparisons[0], tmp_path / "img"))
     assert text.count("| same lr (4e-3) | +0.0300 [") == 1 and text.count("not counted again") == 1
-    assert text.count("+0.0300 [") == 2  # its val and WikiText-2 deltas, once each: the best-lr row repeats neither
+    # its val and WikiText-2 deltas, once each: the best-lr row repeats neither; the sentence under the table says it
+    # is the same delta, and that the lead survives lr retuning
+    assert text.count("+0.0300 [") == 3
+    assert ("Both designs are best at 4e-3, so the delta with each at its best lr is the same-lr one, without − with "
+            "+0.0300 [") in text and "baseline leads, resolved, at the same lr and with each at its best: **the lead " \
+        "survives lr retuning**" in text
     assert f"(the same runs as *{same.title}*)" in delta_cells(best)
     # Shared runs: the grid's 4e-3 curves are read by the Muon panel too, and marked so.
     assert res.readers(plan.comparisons[0], plan.comparisons[0].curves[0]) == ["Fig. 8, Muon"]
@@ -199,6 +205,11 @@ def test_distinct_best_lrs_are_their_own_row_and_curves_are_paired(tmp_path):
     band = res.delta_band(best)  # from the first evaluation after step 0, every seed paired
     assert band.tokens == [100, 200] and [s.n for s in band.stats] == [SEEDS, SEEDS]
     assert [s.mean for s in band.stats] == pytest.approx([-0.05, -0.05])
+    # With scale vectors ahead at the same lr, without ahead with each at its best: the lead reverses.
+    text = "\n".join(lr_grid_section(res, plan.comparisons[0], tmp_path / "img"))
+    assert ("without − with: +0.0300 [+0.0300, +0.0300] at the same lr (4e-3), -0.0500 [-0.0500, -0.0500] with each "
+            "at its best lr (none 8e-3, baseline 4e-3; each paired by seed): baseline leads at the same lr and none "
+            "with each at its best, both resolved: **the lead reverses under lr retuning**.") in text
 
 
 def test_v1_deltas_persist_or_fade(tmp_path):
