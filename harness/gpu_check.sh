@@ -111,7 +111,9 @@ part env "$PY" -m harness.gpu_check env --data "$DATA"
 # The MoE first: the grouped GEMM's GPU test against the per-expert loop (pytest keeps the files' order: test_moe.py,
 # then the other gpu tests; one line per test, so a cut part still shows which passed), then both paths timed at
 # MoE-0.5B's shapes.
-part tests-gpu env -u TORCH_LOGS SCALEVEC_TEST_GPU=1 "$PY" -m pytest -vv -m gpu tests/test_moe.py \
+# -o addopts: one process, whatever pytest.ini adds (its -n 2 needs pytest-xdist and would not keep this order).
+part tests-gpu env -u TORCH_LOGS SCALEVEC_TEST_GPU=1 "$PY" -m pytest -o addopts="-p no:cacheprovider" -vv -m gpu \
+  tests/test_moe.py \
   $(ls tests/test_*.py | grep -v '/test_moe.py$')
 part moe-gemm "$PY" -m harness.gpu_check moe-gemm "${MOE[@]}" --json "$OUT/moe_gemm.json"
 # Then 3 more steps of each under torch.profiler: where unified's extra time goes (logs.tar.gz, summary.md).

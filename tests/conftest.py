@@ -50,6 +50,16 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["HF_HUB_OFFLINE"] = "1"
     if (SHARED / "tokenizers" / "gpt2.tiktoken").is_file():
         os.environ.setdefault("SCALEVEC_TOKENIZER_DIR", str(SHARED / "tokenizers"))
+    if hasattr(config, "workerinput"):
+        # A pytest-xdist worker (pytest.ini: -n 2) gets its share of the cores for torch's intra-op threads, and so do
+        # the processes its tests start (OMP_NUM_THREADS, unless set already; a test that sets its own keeps it): two
+        # workers on 2 cores then run one thread each. With torch's default of one per core, four OpenMP threads spin
+        # against each other (measured: tests/test_moe.py, test_model.py, test_loss.py and test_ffn_padding.py took
+        # 186 s instead of 36 s under -n 2). The multi-rank tests' ranks run one thread each anyway (multiproc.py).
+        import torch
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        share = max(1, cores // config.workerinput["workercount"])
+        torch.set_num_threads(int(os.environ.setdefault("OMP_NUM_THREADS", str(share))))
     if os.environ.get("SCALEVEC_TEST_GPU") != "1":
         # The suite is CPU-only by design (docs/design.md principle 8): on a GPU machine, hide the GPUs so that FSDP2,
         # "auto" devices and tolerances behave exactly as in CI. SCALEVEC_TEST_GPU=1 runs the `gpu` tests instead.
@@ -75,10 +85,26 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     gc.freeze()
 
 
+# The modules that take longest, longest first. Under pytest-xdist (pytest.ini: `-n 2 --dist loadfile
+# --no-loadscope-reorder`) each file goes whole to one worker, in collection order, as a worker frees up: these start
+# first, so that no long file is left to run alone at the end while the other worker idles. A stale list costs only
+# time. The serial run (`-n 0`) keeps pytest's own order.
+LONGEST_FIRST = ("test_bench", "test_train", "test_soak", "test_results", "test_elastic", "test_sweep", "test_golden",
+                 "test_compile", "test_host_reads", "test_grad_reduce", "test_moe_train", "test_ffn_padding",
+                 "test_data_prepare", "test_moe")
+
+
+def _module_name(item: pytest.Item) -> str:
+    return item.module.__name__.rsplit(".", 1)[-1] if item.module is not None else ""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if item.module is not None and item.module.__name__.rsplit(".", 1)[-1] in NUMERICS_MODULES:
+        if _module_name(item) in NUMERICS_MODULES:
             item.add_marker(pytest.mark.numerics)
+    if hasattr(config, "workerinput"):  # every worker collects, and must collect the same order: this is deterministic
+        rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(_module_name(item), len(LONGEST_FIRST)))  # stable: the rest keep theirs
     import torch
     if torch.cuda.is_available():
         return

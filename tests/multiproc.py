@@ -11,9 +11,19 @@ import torch.multiprocessing as mp
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port the kernel says is free now, for a launch's rendezvous. Under pytest-xdist (pytest.ini: -n 2) each worker
+    keeps only its own share of the ports, (port // 2) % workers == its index (bind hands out odd ports first, hence
+    the // 2): the kernel picks at random, and two workers launching ranks at once could otherwise both be handed
+    the port the first one's rank 0 has not yet bound."""
+    index = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    for _ in range(64 * workers):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port // 2 % workers == index:
+            return port
+    raise RuntimeError(f"no free port of xdist worker {index} of {workers} in {64 * workers} tries")
 
 
 def _rank_entry(rank: int, fn, *args) -> None:
