@@ -6,6 +6,11 @@
 `Trainer.step` is the one training step in the tree: train.py's loop runs it, scripts.bench (runtime/benchmark.py)
 times it on its own batches (`Trainer(cfg, di, batches)`), the GPU check runs it through both, the soak through
 train.py.
+
+About 450 lines on purpose: build, step, evaluation, checkpoints and the loop share one run's state (model,
+optimizer, loader, step counters), and a reader follows one step, one evaluation and one resume in one file;
+what each calls (the windows of an evaluation, data/evalset.py; the checkpoint format, runtime/checkpoint.py) lives
+apart.
 """
 from __future__ import annotations
 
