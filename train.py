@@ -72,7 +72,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
     if dist_info.device.type == "cpu" and cfg.train.cpu_malloc_tuning:
         from runtime.cpu import tune_glibc_malloc
         tune_glibc_malloc()
-    clean = False
+    clean, trainer = False, None
     try:
         # ---- data → model → loader → resume from the newest complete checkpoint (runtime/trainer.py)
         trainer = Trainer.for_run(cfg, dist_info)
@@ -81,6 +81,10 @@ def main(argv: Optional[list[str]] = None) -> dict:
         clean = True
         return result
     finally:
+        # The FSDP2 model (its DTensors hold the device mesh, and so the process group) sits in reference cycles:
+        # dropped here, shutdown's gc.collect frees it while the group is alive. Left to a later collection (the next
+        # run's, in a process that trains twice) its destructors would run against a destroyed group (trap 1).
+        del trainer
         shutdown(dist_info, clean=clean)
 
 

@@ -91,6 +91,10 @@ def env_info(data: Path) -> None:
     print(" | ".join(f"{name}: {'yes' if importlib.util.find_spec(name) else 'no'}"
                      for name in ("transformers", "tiktoken", *ABSENT)))
     print(run(["git", "log", "-1", "--format=commit %H %s"]))
+    # A copied tree's git metadata can be older than its files: say how far they differ, so the record is honest.
+    changed = [line for line in run(["git", "status", "--porcelain", "--untracked-files=no"]).splitlines() if line]
+    print(f"working tree: {len(changed)} tracked file(s) differ from that commit" if changed
+          else "working tree: clean at that commit")
     for sub in ("pd_english", "wikitext2", "tokenizers"):
         print(f"{data / sub}: {'present' if (data / sub).is_dir() else 'MISSING (run prepare here, carry it)'}")
 

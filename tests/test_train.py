@@ -42,6 +42,23 @@ def test_run_dir_contract(data_dir, tmp_path):
     assert latest_checkpoint(run / "checkpoints").name.endswith("6")
 
 
+def test_nothing_of_a_run_outlives_its_process_group(data_dir, tmp_path):
+    """train.main frees its FSDP2 model before destroying the process group: none of it is left for a later garbage
+    collection, which in a process that trains again (the golden and resume tests run several runs per rank) would
+    run its destructors against a destroyed group, and can abort the rank (docs/design.md trap 1)."""
+    import gc
+    gc.collect()
+    train.main(args_for(data_dir, tmp_path, "freed", "train.steps=2", "schedule.warmup_steps=1", "train.eval_every=2"))
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        gc.collect()
+        left = [type(o).__name__ for o in gc.garbage if isinstance(o, (torch.nn.Module, torch.Tensor))]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert not left, f"{len(left)} modules or tensors of the run were left to a later collection: {sorted(set(left))}"
+
+
 def test_extra_eval_set_is_logged(data_dir, tmp_path, shakespeare_text):
     """An eval-only set (text never trained on, tokenized like the training data) becomes val_loss/<folder name>."""
     wiki = tmp_path / "wikitext2"
