@@ -22,9 +22,6 @@ from repro.runs import Run
 from repro.sections import ladder_section, lr_grid_section, panel_section
 from repro.sources import all_prefix, composition_lines, eval_read, source_table
 
-REBUILD = "python -m scripts.results --page-only --out-dir docs/results_runs"  # the page from its archive
-
-
 class Sizes:
     """Compute parameters (repro.proxy.compute_params: without the input embedding) and every parameter
     (repro.proxy.total_params) of each model config, built once on the meta device."""
@@ -119,9 +116,11 @@ def corpus_lines(run: Run) -> list[str]:
             f"which each evaluation reads {how}{read.targets:,} (the eval set above)."]
 
 
-def write_page(plan: Plan, where: dict, page: Path, cpu_seconds: float, wiki: str) -> None:
+def write_page(plan: Plan, where: dict, page: Path, cpu_seconds: float, wiki: str, rebuild: str) -> None:
+    """`rebuild`: the command that writes this page again from its runs' archive (scripts/results.py, rebuild_command).
+    The plots go to img/<the page's name>/ beside it, so two pages (v3's and v2's) keep their own."""
     page = Path(page)
-    img_dir = page.parent / "img" / "results"
+    img_dir = page.parent / "img" / page.stem
     res = Results(plan, where, wiki)
     body, orderings = [], []
     for comp in plan.comparisons:
@@ -132,9 +131,9 @@ def write_page(plan: Plan, where: dict, page: Path, cpu_seconds: float, wiki: st
         "# Results: a measured small-scale reproduction of Figures 1 and 5–9",
         "",
         "<!-- Written by `python -m scripts.results` from the runs' config.yaml and metrics.jsonl, and rebuilt from "
-        f"the archive by `{REBUILD}`; edit repro/page.py, repro/reading.py and repro/sections.py, not this file. -->",
+        f"the archive by `{rebuild}`; edit repro/page.py, repro/reading.py and repro/sections.py, not this file. -->",
         "",
-        *intro(res, cpu_seconds),
+        *intro(res, cpu_seconds, rebuild),
         "",
         *scope(res, retuned_done(res)),
         "",
@@ -157,12 +156,12 @@ def write_page(plan: Plan, where: dict, page: Path, cpu_seconds: float, wiki: st
     page.write_text("\n".join(text).rstrip() + "\n")
 
 
-def intro(res: Results, cpu_seconds: float) -> list[str]:
+def intro(res: Results, cpu_seconds: float, rebuild: str) -> list[str]:
     return [
-        f"Every number below comes from {len(res.loaded)} finished runs ({res.plan.seeds} seeds per curve) of the "
+        f"Every number below comes from {len(res.loaded)} finished runs ({seeds_per_curve(res)} per curve) of the "
         f"CPU proxy, written by `python -m scripts.results`, which ran them in **{cpu_seconds / 3600:.2f} CPU-hours** "
         "(user + system time of every run's process, summed over every invocation); this page is rebuilt from the "
-        f"runs' archive by `{REBUILD}`. Deltas are *ours − reference* in the final validation loss (the eval set "
+        f"runs' archive by `{rebuild}`. Deltas are *ours − reference* in the final validation loss (the eval set "
         "below), paired by seed, with a 95 % Student-t interval; WikiText-2 is its test set, never trained on, "
         "evaluated with the same final weights. The MDE is the smallest true delta these seeds resolve with 80 % "
         "power at 95 %: (t₀.₉₇₅ + t₀.₈₀, n − 1 degrees of freedom) · sd / √n of the paired deltas. A delta is "
@@ -175,6 +174,14 @@ def intro(res: Results, cpu_seconds: float) -> list[str]:
         "this power* when it does not. A row that is the same runs as another is shown once; runs shared between "
         "comparisons are marked †.",
     ]
+
+
+def seeds_per_curve(res: Results) -> str:
+    """"4 seeds", or "6–20 seeds" where curves were trained to different seed counts (the central claims' more)."""
+    counts = [n for comp in res.plan.comparisons for c in comp.curves if (n := len(res.runs_of(comp, c)))]
+    if not counts:
+        return f"{res.plan.seeds} seeds"
+    return f"{span(counts, 'd')} seed{'' if counts == [1] * len(counts) else 's'}"
 
 
 def scope(res: Results, retuned: bool = False) -> list[str]:

@@ -7,6 +7,7 @@ repro/sections.py.
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 from repro.comparisons import Comparison
@@ -17,7 +18,7 @@ from repro.proxy import DENSE, MOE
 from repro.sections import crossing_log, law_of, lead_after_retuning
 from repro.significance import benjamini_hochberg, holm, p_value, seeds_for
 from repro.stats import (ALPHA, CONTRADICTS, FAR, LARGER, REPRODUCES, RULED_OUT, SMALLER, UNDECIDED, UNINFORMATIVE,
-                         VERDICTS, far, fmt, ratio, verdict_class)
+                         VERDICTS, far, fmt, ratio, stat, verdict_class)
 from repro.v1 import V1_DELTAS, V1_SUMMARY
 
 # The paper's central claims (issue 29, item 4): (what it is, comparison key, row label or its start).
@@ -229,8 +230,9 @@ def power_lines(res: Results) -> list[str]:
     out = ["### Power on the central claims", "",
            f"The seeds each central claim would need for an MDE at or below the larger of the paper's |Δ| and "
            f"{MDE_FLOOR:g}, solved from MDE = (t₀.₉₇₅ + t₀.₈₀, n − 1 degrees of freedom) · sd / √n with the paired sd "
-           "these runs measured (itself a rough estimate from so few seeds). No seeds were added for this page: it "
-           "says what to train next.", "",
+           "these runs measured (itself a rough estimate from so few seeds). A row short of its target trains more "
+           "seeds of its two curves alone: `python -m scripts.results --seeds N --only '<comparison>/<curve>' …`.",
+           "",
            "| claim | row | seeds | paired sd | MDE now | paper Δ | target MDE | seeds for it |",
            "|---|---|---|---|---|---|---|---|"]
     for name, r in rows:
@@ -241,7 +243,56 @@ def power_lines(res: Results) -> list[str]:
         mde = f"{r.delta.mde:.4f}" if r.delta and r.delta.n >= 2 else "–"
         out.append(f"| {name} | {r.title} | {r.delta.n if r.delta else 0} | {sd} | {mde} | {paper} | {target:.4f} | "
                    f"{need if need is not None else '–'} |")
+    return out + [""] + variance_lines(res, [r for _, r in rows])
+
+
+TAIL_EVALS = (3, 5)  # the last evaluations averaged, against the last one alone
+
+
+def variance_lines(res: Results, rows: list[Row]) -> list[str]:
+    """Whether the paired sd can be cut without changing what is measured (issue 29, item 4), from the same runs:
+    averaging each run's last few evaluations (it helps only if the spread is evaluation noise), and what pairing by
+    seed (the same init and data order in both curves) buys over independent runs: the paired difference's variance
+    is sd²_ours + sd²_ref − 2ρ·sd_ours·sd_ref, so it pays only as far as the curves' finals correlate (ρ > 0)."""
+    rows = [r for r in rows if r.delta is not None and r.delta.n >= 3]
+    if not rows:
+        return []
+    out = ["How much of that sd could be removed without changing what is measured, from the same runs: the paired "
+           "sd of the final evaluation against that of each run's last "
+           + " and ".join(str(k) for k in TAIL_EVALS) + " evaluations averaged (which helps only where the spread "
+           "is evaluation noise), and against the sd the same runs would give unpaired, √(sd²_ours + sd²_ref) "
+           "(what pairing by seed, the same init and data order in both curves, buys; ρ is the correlation of the "
+           "two curves' final losses over seeds).", "",
+           "| row | seeds | paired sd, last eval | " + " | ".join(f"last {k} averaged" for k in TAIL_EVALS)
+           + " | unpaired sd | ρ |", "|---|---|---|" + "---|" * len(TAIL_EVALS) + "---|---|"]
+    for r in rows:
+        ours, ref = res.runs_of(r.comparison, r.ours), res.runs_of(r.comparison, r.ref)
+        seeds = sorted(set(ours) & set(ref))
+        tails = []
+        for k in TAIL_EVALS:
+            d = stat([tail_mean(ours[s], k) - tail_mean(ref[s], k) for s in seeds])
+            tails.append(f"{d.sd:.4f}")
+        a, b = [ours[s].final_val_loss for s in seeds], [ref[s].final_val_loss for s in seeds]
+        sa, sb = stat(a).sd, stat(b).sd
+        rho = correlation(a, b)
+        out.append(f"| {r.title} | {len(seeds)} | {r.delta.sd:.4f} | " + " | ".join(tails)
+                   + f" | {math.hypot(sa, sb):.4f} | {'–' if rho is None else f'{rho:+.2f}'} |")
     return out + [""]
+
+
+def tail_mean(run, k: int) -> float:
+    """The mean val loss of a run's last k evaluations."""
+    last = [e["val_loss"] for e in run.evals[-k:]]
+    return sum(last) / len(last)
+
+
+def correlation(a: list[float], b: list[float]) -> Optional[float]:
+    """Pearson's ρ (None when either side does not vary)."""
+    ma, mb = sum(a) / len(a), sum(b) / len(b)
+    saa, sbb = sum((x - ma) ** 2 for x in a), sum((y - mb) ** 2 for y in b)
+    if saa == 0 or sbb == 0:
+        return None
+    return sum((x - ma) * (y - mb) for x, y in zip(a, b)) / math.sqrt(saa * sbb)
 
 
 def versus_v1(res: Results) -> list[str]:

@@ -55,7 +55,7 @@ def image(res: Results, comp: Comparison, panels: list[CurvePanel], img_dir: Pat
     if not panels:
         return []
     draw_deltas(panels, img_dir / f"{comp.key}.png")
-    return [f"![{comp.title}](img/results/{comp.key}.png)", ""]
+    return [f"![{comp.title}](img/{img_dir.name}/{comp.key}.png)", ""]
 
 
 def curve_panel(res: Results, comp: Comparison, title: str, curves: list[Curve], rows: list[Row],
@@ -230,7 +230,7 @@ def ladder_section(res: Results, comp: Comparison, img_dir: Path) -> list[str]:
         pts = {k: [(r.compute, sum(r.losses[k].values()) / len(r.losses[k])) for r in rungs if r.losses.get(k)]
                for k in ("baseline", "unified")}
         plot_law(pts, law.fits, f"{comp.title.split(',')[0]}: laws of the seed means", img_dir / f"{comp.key}_law.png")
-        out += [f"![scaling law](img/results/{comp.key}_law.png)", ""]
+        out += [f"![scaling law](img/{img_dir.name}/{comp.key}_law.png)", ""]
     panels = [curve_panel(res, comp, row.label, [base, uni], [row], base.label)
               for (base, uni), row in zip(comp.rungs, res.rows_of(comp))]
     return out + image(res, comp, panels, img_dir)

@@ -31,15 +31,16 @@ from repro.jobs import command
 from repro.runner import CpuLedger, archive, plan_runs, prepare_wikitext, restore, run_all, select_runs
 
 ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_PAGE, DEFAULT_LRS = ROOT / "docs" / "results.md", "2e-3,4e-3,8e-3"
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, default=4, help="runs per curve, seeds 0..N-1 (init and data order)")
     p.add_argument("--out-dir", default="runs/results", help="parent of the run directories")
-    p.add_argument("--page", type=Path, default=ROOT / "docs" / "results.md", help="the page to write; its plots "
-                   "go to img/results/ beside it")
-    p.add_argument("--lrs", default="2e-3,4e-3,8e-3", help="Fig. 1's lr grid, for both models")
+    p.add_argument("--page", type=Path, default=DEFAULT_PAGE, help="the page to write; its plots "
+                   "go to img/<its name>/ beside it (docs/img/results/ for docs/results.md)")
+    p.add_argument("--lrs", default=DEFAULT_LRS, help="Fig. 1's lr grid, for both models")
     p.add_argument("--wikitext", type=Path, help="WikiText-2's raw test file (default: ../shared's copy)")
     p.add_argument("--wikitext-dir", default="data_cache/wikitext2_bpe1024", help="its prepared eval-only set")
     p.add_argument("--jobs", type=int, default=1, help="runs at once, each with cores/jobs threads (2 on 2 cores: "
@@ -71,6 +72,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def rebuild_command(args: argparse.Namespace) -> str:
+    """The command that writes the same page again from the runs' archive, for the page to print: the archive this
+    invocation writes or restores from, else its --out-dir; the seeds, and the lr grid and page where not the
+    defaults. Paths inside the repository are shown relative to it."""
+    def shown(path) -> str:
+        path = Path(path).resolve()
+        return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+    source = args.archive or args.restore or args.out_dir
+    parts = ["python -m scripts.results --page-only", f"--out-dir {shown(source)}", f"--seeds {args.seeds}"]
+    if args.lrs != DEFAULT_LRS:
+        parts.append(f"--lrs {args.lrs}")
+    if Path(args.page).resolve() != DEFAULT_PAGE:
+        parts.append(f"--page {shown(args.page)}")
+    return " ".join(parts)
+
+
 def _run(args: argparse.Namespace, lrs: tuple[float, ...]) -> int:
     """Plan, restore, train what is missing, write the page, archive: main's body, whose user errors main reports."""
     overrides = (f"data.val_sets=[{args.wikitext_dir}]", "log.wandb.mode=disabled", *args.overrides)
@@ -97,7 +114,7 @@ def _run(args: argparse.Namespace, lrs: tuple[float, ...]) -> int:
         prepare_wikitext(config_of(uniques[0].job.argv).data.dir, Path(args.wikitext_dir), args.wikitext)
         failed = run_all(uniques, out_dir, ledger, args.jobs)
     from repro.page import write_page
-    write_page(plan, where, args.page, ledger.total, Path(args.wikitext_dir).name)
+    write_page(plan, where, args.page, ledger.total, Path(args.wikitext_dir).name, rebuild_command(args))
     print(f"wrote {args.page}")
     if args.archive:
         print(f"archived {archive(uniques, out_dir, args.archive)} runs in {args.archive}")

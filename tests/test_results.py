@@ -4,6 +4,7 @@ the runs' metrics.jsonl say, a second invocation that runs nothing, and a refusa
 config."""
 from __future__ import annotations
 
+import argparse
 import gc
 import re
 import sys
@@ -152,7 +153,9 @@ def test_page_reads_first_and_counts_over_independent_rows(miniature):
     assert (f"**The eval set.** Each evaluation reads {read:,} tokens of the validation split's " in text[:plain]
             and "in a fixed shuffled order, the same in every run (data/evalset.py); the data names no sources."
             in text[:plain])
-    assert "`python -m scripts.results --page-only --out-dir docs/results_runs`" in text[:plain]
+    # how it is rebuilt: from the runs it read (no archive here), with the seeds and the grid it was written with
+    assert (f"`python -m scripts.results --page-only --out-dir {runs} --seeds {SEEDS} --lrs 4e-3,8e-3 --page {page}`"
+            in text[:plain])
     # item 5 stays listed: its grids have run, at 2 seeds of the 4 it asks for
     assert "(item 1)" not in text[:plain] and "(item 4" in text[:plain] and "(item 5)" in text[:plain]
     # Rows that are sums of others (the same plan as the page's): stated, and left out of the tests.
@@ -223,22 +226,43 @@ def test_second_invocation_runs_nothing_and_refuses_another_config(miniature, ca
     assert "optim.weight_decay" in capsys.readouterr().err
 
 
+def test_the_rebuild_command_names_the_archive_and_seeds():
+    """The page prints the command that writes it again: the archive (written or restored from) before the out dir,
+    the seeds always, the lr grid and the page only where not the defaults, repository paths relative."""
+    def ns(**kw):
+        base = dict(archive=None, restore=None, out_dir="runs/results", seeds=4, lrs=results.DEFAULT_LRS,
+                    page=results.DEFAULT_PAGE)
+        return argparse.Namespace(**{**base, **kw})
+    head = "python -m scripts.results --page-only --out-dir"
+    assert results.rebuild_command(ns(archive=Path("docs/results_runs"))) == f"{head} docs/results_runs --seeds 4"
+    assert results.rebuild_command(ns(restore=results.ROOT / "docs" / "results_runs_v2", seeds=6,
+                                      page=results.ROOT / "docs" / "results_v2.md")) == \
+        f"{head} docs/results_runs_v2 --seeds 6 --page docs/results_v2.md"
+    assert results.rebuild_command(ns(out_dir="/elsewhere/runs", lrs="1e-3,2e-3")) == \
+        f"{head} /elsewhere/runs --seeds 4 --lrs 1e-3,2e-3"
+
+
 def test_the_page_comes_back_from_its_archive(miniature, tmp_path, capsys, figures_not_drawn):
     """--archive keeps what the page read; --page-only from the archive writes the same page, and an archive is
     never written over a directory that holds anything else."""
     argv, runs, page, out = miniature
     keep, again = tmp_path / "archive", tmp_path / "docs" / "results.md"
+    first = tmp_path / "first" / "results.md"  # the same name: a page's plots go to img/<its name>/
     (keep / "old-run").mkdir(parents=True)  # an earlier archive's run: replaced
     (keep / "old-run" / "metrics.jsonl").write_text("")
     flags = argv[argv.index("--lrs"):]
-    assert results.main(["--seeds", str(SEEDS), "--out-dir", str(runs), "--page", str(tmp_path / "p.md"),
+    assert results.main(["--seeds", str(SEEDS), "--out-dir", str(runs), "--page", str(first),
                          "--page-only", "--archive", str(keep), *flags]) == 0
     assert f"archived {EXPERIMENTS * SEEDS} runs" in capsys.readouterr().out
     assert sorted(p.name for p in keep.iterdir()) == sorted([*(p.name for p in runs.iterdir() if p.is_dir()
                                                                and p.name != "logs"), "cpu_seconds.json"])
     assert results.main(["--seeds", str(SEEDS), "--out-dir", str(keep), "--page", str(again), "--page-only",
                          *flags]) == 0
-    assert again.read_text() == page.read_text()
+    written = first.read_text()
+    assert f"--page-only --out-dir {keep} --seeds {SEEDS} --lrs 4e-3,8e-3 --page {first}`" in written
+    assert again.read_text().replace(str(again), "PAGE") == written.replace(str(first), "PAGE")
+    assert written.replace(str(keep), "RUNS").split("## The proxy")[1] == \
+        page.read_text().replace(str(runs), "RUNS").split("## The proxy")[1]
     # --restore: a fresh out dir continues from the archive; nothing is retrained, the page and ledger are the same
     fresh, third = tmp_path / "fresh", tmp_path / "third" / "results.md"
     (fresh / "mine").mkdir(parents=True)  # a run already there is kept as it is
@@ -247,7 +271,7 @@ def test_the_page_comes_back_from_its_archive(miniature, tmp_path, capsys, figur
                          "--restore", str(keep), *flags]) == 0
     said = capsys.readouterr().out
     assert f"restored {EXPERIMENTS * SEEDS} runs" in said and said.count("finished, skipped") == EXPERIMENTS * SEEDS
-    assert third.read_text() == page.read_text()
+    assert third.read_text().replace(str(third), "PAGE") == written.replace(str(first), "PAGE")
     assert (fresh / "mine" / "metrics.jsonl").read_text() == "kept"
     assert (fresh / "cpu_seconds.json").read_text() == (keep / "cpu_seconds.json").read_text()
     assert results.main(["--seeds", str(SEEDS), "--out-dir", str(fresh), "--page", str(third), "--page-only",
@@ -258,7 +282,7 @@ def test_the_page_comes_back_from_its_archive(miniature, tmp_path, capsys, figur
     assert "--restore" in err and "no such directory" in err
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "elsewhere" / "notes.txt").write_text("mine")
-    assert results.main(["--seeds", str(SEEDS), "--out-dir", str(runs), "--page", str(tmp_path / "p.md"),
+    assert results.main(["--seeds", str(SEEDS), "--out-dir", str(runs), "--page", str(first),
                          "--page-only", "--archive", str(tmp_path / "elsewhere"), *flags]) == 2
     assert "holds more than run archives (notes.txt)" in capsys.readouterr().err
     assert (tmp_path / "elsewhere" / "notes.txt").read_text() == "mine"

@@ -138,3 +138,18 @@ def test_only_trains_the_curves_it_names_and_refuses_a_pattern_that_matches_none
     assert len(capsys.readouterr().out.splitlines()) == 4
     assert results.main(["--dry-run", "--only", "nosuch"]) == 2
     assert "error: --only 'nosuch' matches no curve" in capsys.readouterr().err
+
+
+def test_the_variance_table_measures_tail_averaging_and_pairing(tmp_path):
+    """Issue 29, item 4's question from the runs: the paired sd at the last eval, of the last evals averaged, and the
+    unpaired sd of the same runs with the curves' correlation. In this panel both curves rise with the seed alike:
+    pairing removes all of the spread (paired sd 0, ρ = +1), which unpaired would be √2 · the curves' sd."""
+    from repro.reading import TAIL_EVALS, correlation, variance_lines
+    res, comp = panel(tmp_path)
+    row = next(r for r in res.rows if r.comparison is comp)
+    lines = variance_lines(res, [row])
+    curve_sd = stat([0.6054 * 0.01 * s + 0.3946 * 0.02 * s for s in range(SEEDS)]).sd
+    cells = [c.strip() for c in lines[-2].strip("|").split("|")]
+    assert cells[1:] == [str(SEEDS), "0.0000", *["0.0000"] * len(TAIL_EVALS), f"{2 ** 0.5 * curve_sd:.4f}", "+1.00"]
+    assert correlation([1.0, 2.0, 3.0], [3.0, 2.0, 1.0]) == pytest.approx(-1.0)
+    assert correlation([1.0, 1.0], [2.0, 3.0]) is None
