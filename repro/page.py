@@ -181,7 +181,7 @@ def seeds_per_curve(res: Results) -> str:
     counts = [n for comp in res.plan.comparisons for c in comp.curves if (n := len(res.runs_of(comp, c)))]
     if not counts:
         return f"{res.plan.seeds} seeds"
-    return f"{span(counts, 'd')} seed{'' if counts == [1] * len(counts) else 's'}"
+    return f"{span(counts, 'd')} seed{'' if max(counts) == 1 else 's'}"
 
 
 def scope(res: Results, retuned: bool = False) -> list[str]:

@@ -15,6 +15,7 @@ from repro.contrasts import Contrasts, combination_text, contrasts
 from repro.laws import LadderLaw, ratio_text, times, times_interval, times_text
 from repro.measure import Results, Row
 from repro.proxy import DENSE, MOE
+from repro.runs import Run
 from repro.sections import crossing_log, law_of, lead_after_retuning
 from repro.significance import benjamini_hochberg, holm, p_value, seeds_for
 from repro.stats import (ALPHA, CONTRADICTS, FAR, LARGER, REPRODUCES, RULED_OUT, SMALLER, UNDECIDED, UNINFORMATIVE,
@@ -280,7 +281,7 @@ def variance_lines(res: Results, rows: list[Row]) -> list[str]:
     return out + [""]
 
 
-def tail_mean(run, k: int) -> float:
+def tail_mean(run: Run, k: int) -> float:
     """The mean val loss of a run's last k evaluations."""
     last = [e["val_loss"] for e in run.evals[-k:]]
     return sum(last) / len(last)
