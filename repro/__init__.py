@@ -16,5 +16,5 @@
     plotting.py     figures, Δ-loss curves with bands, scaling-law plots
     sections.py     one comparison's part of the page
     reading.py      the reading in plain words, the count behind it, the power on the central claims, v1 against v2
-    page.py         docs/results.md (scripts/results.py writes it); v1.py keeps the first page's numbers
+    page.py         docs/results.md (scripts/results.py writes it); versions.py keeps the earlier pages' numbers
 """

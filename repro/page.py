@@ -1,7 +1,7 @@
 """docs/results.md, written from the runs' config.yaml and metrics.jsonl by `python -m scripts.results`.
 
 Every number in the page is computed here from the runs; the paper's numbers beside them are docs/paper.md §4's, v1's
-are repro/v1.py's. A difference is "ours − reference" at the last evaluation (the final weights), paired by seed,
+are repro/versions.py's. A difference is "ours − reference" at the last evaluation (the final weights), paired by seed,
 with a 95 % Student-t interval over seeds and the MDE of its seeds (repro/stats.py); the verdict sets sign and size
 beside the paper's. The page: what it reads and what it does not yet, the reading in plain words (repro/reading.py),
 the proxy (per comparison: tokens per parameter, steps, passes, seeds), the count behind the reading (independent
@@ -17,7 +17,7 @@ from repro import proxy
 from repro.comparisons import Comparison, Plan
 from repro.figures import FIGURES
 from repro.measure import Results
-from repro.reading import count_section, plain_reading, retuned_done
+from repro.reading import count_section, plain_reading, retuned_done, short_of_power
 from repro.runs import Run
 from repro.sections import ladder_section, lr_grid_section, panel_section
 from repro.sources import all_prefix, composition_lines, eval_read, source_table
@@ -201,9 +201,16 @@ def scope(res: Results, retuned: bool = False) -> list[str]:
                 "source); these runs predate it, and their deltas cannot be paired with runs that read it. Not run "
                 "yet: the runs on that eval set, the seeds that would power the central claims (item 4: the count "
                 f"below says how many){item5}.", *apart]
+    todo = []
+    short = short_of_power(res)
+    if short:
+        todo.append(f"the seeds that would power {len(short)} of the paper's central claims ({'; '.join(short)}; "
+                    "item 4: the count below gives the seeds each would need)")
+    if not retuned:
+        todo.append("best lr against best lr for the headline (item 5)")
     return [f"**The eval set.** {said}", *apart, "",
-            f"Read with v3's rules (issue 29, items 2, 3, 6 and 7): {rules}. Not done yet: the seeds that would power "
-            f"the central claims (item 4: the count below says how many){item5}."]
+            f"Read with v3's rules (issue 29, items 2, 3, 6 and 7): {rules}."
+            + (f" Not done yet: {' and '.join(todo)}." if todo else "")]
 
 
 def section(res: Results, comp: Comparison, img_dir: Path, orderings: list[bool]) -> list[str]:

@@ -1,8 +1,8 @@
 """The results page's reading: first in plain words (which of the paper's claims the proxy supports, contradicts,
 rules out in size, or cannot resolve, with the numbers, and the headline with each design at its best lr once those
 runs exist), then the count behind it — the rows that are sums of others, each independent row's paired t test with
-the Holm and Benjamini–Hochberg corrections, the seeds each central claim needs — and v1 against v2. Labels are
-repro/stats.py's, the basis repro/contrasts.py's, the tests repro/significance.py's, the laws repro/laws.py's through
+the Holm and Benjamini–Hochberg corrections, the seeds each central claim needs — and the previous page against this
+one (v2 against v1, v3 against v2). Labels are repro/stats.py's, the basis repro/contrasts.py's, the tests repro/significance.py's, the laws repro/laws.py's through
 repro/sections.py.
 """
 from __future__ import annotations
@@ -17,10 +17,11 @@ from repro.measure import Results, Row
 from repro.proxy import DENSE, MOE
 from repro.runs import Run
 from repro.sections import crossing_log, law_of, lead_after_retuning
+from repro.sources import all_prefix
 from repro.significance import benjamini_hochberg, holm, p_value, seeds_for
 from repro.stats import (ALPHA, CONTRADICTS, FAR, LARGER, REPRODUCES, RULED_OUT, SMALLER, UNDECIDED, UNINFORMATIVE,
                          VERDICTS, far, fmt, ratio, stat, verdict_class)
-from repro.v1 import V1_DELTAS, V1_SUMMARY
+from repro.versions import V1, V2, PastPage
 
 # The paper's central claims (issue 29, item 4): (what it is, comparison key, row label or its start).
 CENTRAL = (("Dense unified vs baseline, the 0.12B proxy", "fig6-ladder", DENSE.label),
@@ -180,7 +181,7 @@ def law_sentence(comp: Comparison, law: LadderLaw) -> str:
 
 def count_section(res: Results, orderings: list[bool]) -> list[str]:
     """The tally, the rows that are sums of others, each basis row's test, the power on the central claims, signs
-    and WikiText-2, and v1 against v2."""
+    and WikiText-2, and the previous page against this one."""
     rows = [r for r in res.rows if r.same_as is None]
     counted = distinct(res)
     groups: dict[str, list[Row]] = {}
@@ -201,7 +202,7 @@ def count_section(res: Results, orderings: list[bool]) -> list[str]:
             f"mean deltas have the paper's sign. On WikiText-2, {len(agree)} of the {len(both)} resolved deltas keep "
             f"their sign ({sum(r.wiki.resolved for r in agree)} of them resolved there too), and {sum(orderings)} of "
             f"the {len(orderings)} comparisons of three or more curves order them as the validation loss does.", ""]
-    return out + versus_v1(res)
+    return out + versus_past(res)
 
 
 def basis_lines(c: Contrasts) -> list[str]:
@@ -223,6 +224,19 @@ def basis_lines(c: Contrasts) -> list[str]:
     return out + [""]
 
 
+def target_mde(r: Row) -> float:
+    """Issue 29, item 4: the MDE a central claim needs, the larger of the paper's |Δ| and MDE_FLOOR."""
+    return max(abs(r.paper), MDE_FLOOR) if r.paper is not None else MDE_FLOOR
+
+
+def short_of_power(res: Results) -> list[str]:
+    """The central claims whose seeds do not yet give an MDE at or below their target (or that have no two seeds)."""
+    rows = dict(central_rows(res))
+    return [name for name, _, _ in CENTRAL
+            if name not in rows or rows[name].delta is None or rows[name].delta.n < 2
+            or rows[name].delta.mde > target_mde(rows[name])]
+
+
 def power_lines(res: Results) -> list[str]:
     """The seeds each central claim needs for an MDE at or below max(|paper Δ|, MDE_FLOOR), from its paired sd."""
     rows = central_rows(res)
@@ -237,7 +251,7 @@ def power_lines(res: Results) -> list[str]:
            "| claim | row | seeds | paired sd | MDE now | paper Δ | target MDE | seeds for it |",
            "|---|---|---|---|---|---|---|---|"]
     for name, r in rows:
-        target = max(abs(r.paper), MDE_FLOOR) if r.paper is not None else MDE_FLOOR
+        target = target_mde(r)
         need: Optional[int] = seeds_for(r.delta.sd, target) if r.delta and r.delta.n >= 2 else None
         paper = f"{r.paper:+.4f}" if r.paper is not None else "–"
         sd = f"{r.delta.sd:.4f}" if r.delta and r.delta.n >= 2 else "–"
@@ -296,11 +310,20 @@ def correlation(a: list[float], b: list[float]) -> Optional[float]:
     return sum((x - ma) * (y - mb) for x, y in zip(a, b)) / math.sqrt(saa * sbb)
 
 
-def versus_v1(res: Results) -> list[str]:
-    """v1's summary as it was, then which of its deltas persist here (same sign, resolved in both) and which fade."""
+def past_page(res: Results) -> tuple[str, PastPage]:
+    """This page's version and the page before it: runs that evaluate a prefix of the val split are v2's, read
+    against v1; runs that evaluate the training mixture are v3's, read against v2 (repro/versions.py)."""
+    res.rows  # loads the runs (Results reads them on first use)
+    return ("v2", V1) if all_prefix(res) else ("v3", V2)
+
+
+def versus_past(res: Results) -> list[str]:
+    """The previous page's summary as it was, then which of its deltas persist here (same sign, resolved in both)
+    and which fade."""
+    now_name, past = past_page(res)
     kinds: dict[str, list[str]] = {}
     for r in res.rows:
-        old = V1_DELTAS.get((r.comparison.key, r.label))
+        old = past.deltas.get((r.comparison.key, r.label))
         if old is None or not r.counted:
             continue
         now = r.delta
@@ -311,13 +334,13 @@ def versus_v1(res: Results) -> list[str]:
         else:
             kind = "appear" if now.resolved else "stay unresolved"
         kinds.setdefault(kind, []).append(f"{r.title} ({old.mean:+.4f} → {now.mean:+.4f})")
-    out = ["### v2 against v1", "", V1_SUMMARY, ""]
+    out = [f"### {now_name} against {past.name}", "", past.summary, ""]
     if not kinds:
-        return out + ["No comparison of v1 has finished runs here yet.", ""]
-    text = {"persist": "resolved in both with the same sign", "fade": "resolved in v1, unresolved now",
-            "reverse": "resolved in both with opposite signs", "appear": "unresolved in v1, resolved now",
+        return out + [f"No comparison of {past.name} has finished runs here yet.", ""]
+    text = {"persist": "resolved in both with the same sign", "fade": f"resolved in {past.name}, unresolved now",
+            "reverse": "resolved in both with opposite signs", "appear": f"unresolved in {past.name}, resolved now",
             "stay unresolved": "unresolved in both"}
     n = sum(map(len, kinds.values()))
-    out.append(f"Of the {n} deltas measured in both (v1 → v2):")
+    out.append(f"Of the {n} deltas measured in both ({past.name} → {now_name}):")
     out += [f"- **{k}** ({text[k]}): " + "; ".join(kinds[k]) for k in text if k in kinds]
     return out + [""]

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Optional
 
 from config import ConfigError, resume_conflicts
+from data.config import DataConfig
 from repro.comparisons import Plan
 from repro.experiments import config_of, experiment_key
 from repro.figures import FIGURES
@@ -212,15 +213,18 @@ def restore(src: Path, out_dir: Path) -> int:
     return n
 
 
-def prepare_wikitext(train_dir: str, out: Path, source: Optional[Path]) -> None:
-    """WikiText-2's raw test set as an eval-only set, in the training data's tokenizer (data.prepare --eval-only)."""
-    from data.config import DataConfig
-    from data.prepare import prepare
+def prepare_wikitext(data: DataConfig, out: Path, source: Optional[Path]) -> None:
+    """WikiText-2's raw test set as an eval-only set, in the training data's tokenizer (data.prepare --eval-only).
+    The training data comes first, as a run would prepare it (a built-in source on first use), since the eval set
+    is tokenized like it: in a fresh checkout nothing is prepared yet."""
+    from dataclasses import replace
+    from data.prepare import ensure_prepared, prepare
     from data.shards import META_FILE
+    ensure_prepared(replace(data, val_sets=[]))
     if (out / META_FILE).is_file():
         return
     src = source or (WIKITEXT_SOURCE if WIKITEXT_SOURCE.is_file() else None)
     if src is None or not Path(src).is_file():
         raise FileNotFoundError(f"WikiText-2's test set is needed as {out}: give --wikitext PATH to its raw test "
                                 f"file (wiki.test.raw, from {WIKITEXT_URL})")
-    prepare(DataConfig(source=str(src), dir=str(out)), eval_only=True, like=train_dir, progress=False)
+    prepare(DataConfig(source=str(src), dir=str(out)), eval_only=True, like=data.dir, progress=False)

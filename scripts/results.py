@@ -111,7 +111,7 @@ def _run(args: argparse.Namespace, lrs: tuple[float, ...]) -> int:
     ledger = CpuLedger(out_dir)
     c0, failed = ledger.total, []
     if not args.page_only:
-        prepare_wikitext(config_of(uniques[0].job.argv).data.dir, Path(args.wikitext_dir), args.wikitext)
+        prepare_wikitext(config_of(uniques[0].job.argv).data, Path(args.wikitext_dir), args.wikitext)
         failed = run_all(uniques, out_dir, ledger, args.jobs)
     from repro.page import write_page
     write_page(plan, where, args.page, ledger.total, Path(args.wikitext_dir).name, rebuild_command(args))

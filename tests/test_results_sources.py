@@ -96,6 +96,10 @@ def test_mixture_runs_state_their_composition_and_each_sources_loss(tmp_path):
                     "each comparison gives the loss per source beside it."]
     text = "\n".join(scope(res))
     assert text.startswith("**The eval set.** " + said[0]) and "Still the v2 runs" not in text
+    # Dense WSD's paired deltas do not spread (MDE 0): powered; the other 6 central claims have no runs here.
+    assert "Not done yet: the seeds that would power 6 of the paper's central claims (Dense unified vs baseline, " \
+           "the 0.12B proxy; MoE unified vs baseline, the 0.5B proxy; Fig. 1, without vs with scale vectors at the " \
+           "same lr; Muon, dense; Muon, MoE; WSD, MoE; item 4" in text
     table = source_table(res, comp)
     assert "| per source | mixture (val loss) | shakespeare | kjv |" in table
     base = {m: stat([res.runs_of(comp, comp.curves[0])[s].final_eval[m] for s in range(SEEDS)])
@@ -153,3 +157,18 @@ def test_the_variance_table_measures_tail_averaging_and_pairing(tmp_path):
     assert cells[1:] == [str(SEEDS), "0.0000", *["0.0000"] * len(TAIL_EVALS), f"{2 ** 0.5 * curve_sd:.4f}", "+1.00"]
     assert correlation([1.0, 2.0, 3.0], [3.0, 2.0, 1.0]) == pytest.approx(-1.0)
     assert correlation([1.0, 1.0], [2.0, 3.0]) is None
+
+
+def test_v2s_kept_deltas_recompute_from_its_archive():
+    """repro/versions.py's v2 deltas, which a v3 page is read against, are the archive's counted rows to 4 decimals:
+    every one of them, and no counted row left out."""
+    from repro.runner import plan_runs
+    from repro.versions import V2
+    plan = Plan(4, (2e-3, 4e-3, 8e-3), ())
+    _, where = plan_runs(plan, str(ARCHIVE))
+    res = Results(plan, where, "wikitext2_bpe1024")
+    got = {(r.comparison.key, r.label): r.delta for r in res.rows if r.counted}
+    assert set(got) == set(V2.deltas) and len(got) == 24
+    for key, kept in V2.deltas.items():
+        d = got[key]
+        assert (round(d.mean, 4), round(d.lo, 4), round(d.hi, 4)) == (kept.mean, kept.lo, kept.hi), key

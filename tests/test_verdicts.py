@@ -15,7 +15,7 @@ from repro.comparisons import Comparison, Curve, Plan, fig1_grid
 from repro.laws import PowerLaw, Rung, crossing, ladder_law, log_multiplier_at
 from repro.contrasts import combination_text, contrasts
 from repro.measure import Results
-from repro.reading import count_section, count_sentence, plain_reading, versus_v1
+from repro.reading import CENTRAL, count_section, count_sentence, plain_reading, short_of_power, versus_past
 from repro.sections import delta_cells, law_lines, lr_grid_section
 from repro.significance import benjamini_hochberg, betainc, holm, mde_at, p_value, seeds_for, t_cdf, t_two_sided
 from repro.stats import T80, T975, Stat, far, stat, verdict, verdict_class
@@ -215,11 +215,28 @@ def test_distinct_best_lrs_are_their_own_row_and_curves_are_paired(tmp_path):
 def test_v1_deltas_persist_or_fade(tmp_path):
     plan, where = grid_plan(tmp_path, {"baseline lr 4e-3": 3.0, "none lr 4e-3": 3.03, "baseline lr 8e-3": 3.2,
                                        "none lr 8e-3": 3.3})
-    text = "\n".join(versus_v1(Results(plan, where, "wiki")))
+    text = "\n".join(versus_past(Results(plan, where, "wiki")))
     # v1's same-lr delta was +0.0258 [+0.0020, +0.0496]; here +0.0300 with no spread: resolved, the same sign.
     assert "- **persist** (resolved in both with the same sign): Fig. 1, grid: same lr (4e-3) (+0.0258 → +0.0300)" \
         in text
     assert "Of the 1 deltas measured in both" in text and "0.15–0.17 tokens per parameter" in text
+
+
+def test_runs_on_the_training_mixture_are_read_against_v2(tmp_path):
+    # The same runs, but evaluating the mixture as v3's do: the page is v3's, and its predecessor is v2.
+    plan, where = grid_plan(tmp_path, {"baseline lr 4e-3": 3.0, "none lr 4e-3": 3.03, "baseline lr 8e-3": 3.2,
+                                       "none lr 8e-3": 3.3})
+    for run in set(where.values()):
+        cfg = load_config(run / "config.yaml", ["train.eval_sample=mixture"])
+        (run / "config.yaml").write_text(cfg.to_yaml())
+    res = Results(plan, where, "wiki")
+    text = "\n".join(versus_past(res))
+    # Fig. 1's same-lr row has no spread over seeds (MDE 0): powered; the six other central claims have no rows here.
+    assert short_of_power(res) == [name for name, _, _ in CENTRAL if not name.startswith("Fig. 1")]
+    assert text.startswith("### v3 against v2") and "Shakespeare alone" in text
+    # v2's same-lr delta was +0.0435 [+0.0017, +0.0852], resolved; here +0.0300, resolved with the same sign.
+    assert "- **persist** (resolved in both with the same sign): Fig. 1, grid: same lr (4e-3) (+0.0435 → +0.0300)" \
+        in text and "Of the 1 deltas measured in both (v2 → v3):" in text
 
 
 def chain_plan(tmp_path, finals: dict[str, list[float]]):
