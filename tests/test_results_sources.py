@@ -172,3 +172,17 @@ def test_v2s_kept_deltas_recompute_from_its_archive():
     for key, kept in V2.deltas.items():
         d = got[key]
         assert (round(d.mean, 4), round(d.lo, 4), round(d.hi, 4)) == (kept.mean, kept.lo, kept.hi), key
+
+
+def test_the_wikitext_set_is_prepared_in_a_checkout_with_no_data_yet(tmp_path):
+    """scripts.results in a fresh checkout: the training data is prepared first (a built-in source on first use),
+    then WikiText-2 in its tokenizer; before, the eval set's preparation failed on the missing training dir."""
+    from data.config import DataConfig
+    from data.shards import META_FILE
+    from repro.runner import prepare_wikitext
+    train = DataConfig(dir=str(tmp_path / "train"), tokenizer="gpt2", seq_len=256)
+    wiki = tmp_path / "wiki.test.raw"
+    wiki.write_text(" = Robert Boulter = \n\n Robert Boulter is an English film and television actor . \n" * 20)
+    prepare_wikitext(train, tmp_path / "wiki", wiki)
+    assert (tmp_path / "train" / META_FILE).is_file() and (tmp_path / "wiki" / META_FILE).is_file()
+    assert json.loads((tmp_path / "wiki" / META_FILE).read_text())["tokenizer"]["name"] == "gpt2"
