@@ -2,8 +2,8 @@
 rules out in size, or cannot resolve, with the numbers, and the headline with each design at its best lr once those
 runs exist), then the count behind it — the rows that are sums of others, each independent row's paired t test with
 the Holm and Benjamini–Hochberg corrections, the seeds each central claim needs — and the previous page against this
-one (v2 against v1, v3 against v2). Labels are repro/stats.py's, the basis repro/contrasts.py's, the tests repro/significance.py's, the laws repro/laws.py's through
-repro/sections.py.
+one (v2 against v1, v3 against v2). Labels are repro/stats.py's, the basis repro/contrasts.py's, the tests
+repro/significance.py's, the laws repro/laws.py's through repro/sections.py.
 """
 from __future__ import annotations
 
