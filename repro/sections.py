@@ -131,12 +131,17 @@ def delta_table(g: LrGrid, rows: list[Row]) -> list[str]:
 def not_run_line(res: Results, comp: Comparison, missing: list[Curve]) -> str:
     """The one line of a grid whose curves have not all run: which, the command that trains them, and where its
     same-lr delta is when another comparison shows it."""
-    cmd = shlex.join(["python", "-m", "scripts.results", "--seeds", str(res.plan.seeds), "--only",
+    # As many seeds as the grid's curves that have run all have: enough to read it, no more (the plan's --seeds can
+    # be 20, for the central rows).
+    have = [len(res.runs_of(comp, c)) for c in comp.curves if c not in missing]
+    seeds = min(have) if have else res.plan.seeds
+    cmd = shlex.join(["python", "-m", "scripts.results", "--seeds", str(seeds), "--only",
                       *(f"{comp.key}/{c.label}" for c in missing)])
     g = comp.grid
     same = res.row_reading(comp, lr_curve(comp, g.ours, g.same), lr_curve(comp, g.reference, g.same))
     where = f"; its same-lr delta is *{same.title}*" if same else ""
-    return (f"**Not run yet:** {len(missing)} of its {len(comp.curves)} curves have no finished run "
+    return (f"**Not run yet:** {len(missing)} of its {len(comp.curves)} curves "
+            f"{'has' if len(missing) == 1 else 'have'} no finished run "
             f"({', '.join(c.label for c in missing)}), so there is no delta with each design at its best lr"
             f"{where}. `{cmd}` trains them.")
 

@@ -14,7 +14,7 @@ from repro.comparisons import LR_FACTORS, Comparison, Plan, lr_headline, lr_text
 from repro.experiments import config_of, experiment_key
 from repro.figures import FIGURES
 from repro.measure import Results
-from repro.page import scope
+from repro.page import proxy_section, scope
 from repro.proxy import DENSE, MOE
 from repro.reading import count_section, plain_reading, retuned_done
 from repro.runner import plan_runs, select_runs
@@ -216,3 +216,21 @@ def test_the_page_says_in_one_line_what_has_not_run(tmp_path):
     assert "Of 1 distinct deltas:" in "\n".join(count_section(res, []))
     assert res.readers(plan.comparisons[0], plan.comparisons[0].curves[0]) == []  # a grid not run reads nothing
     assert "(item 5)" in " ".join(scope(res, retuned_done(res)))
+    # The proxy's floors are checked on every finished run, the grid's not shown yet included (the baseline at ×½
+    # and ×2), so its count is the page's first line's.
+    floors = next(x for x in proxy_section(res) if "finished runs" in x)
+    assert f" of the {len(res.loaded)} finished runs " in floors or f"Every one of the {len(res.loaded)} " in floors
+    assert len(res.loaded) == 4 * SEEDS  # baseline at three lrs and unified at the paper's
+
+
+def test_the_not_run_line_asks_for_the_seeds_the_grid_has_run(tmp_path):
+    """The plan reads 4 seeds, but the baseline at ×½ has 3: the command that completes the grid trains its missing
+    curves at 3 seeds, enough to read it, not the plan's count."""
+    only_x1 = {k: v for k, v in BEST_DIFFER.items() if k not in ("unified lr 2e-3", "unified lr 8e-3")}
+    plan, where, grid = dense_plan(tmp_path, only_x1, skip={("baseline lr 2e-3", 3)})
+    for lr in ("2e-3", "8e-3"):
+        for s in range(SEEDS):
+            where[(f"fig6-best_lr/unified lr {lr}", s)] = tmp_path / f"not-run-{lr}-{s}"
+    line = lr_grid_section(Results(plan, where, "wiki"), grid, tmp_path / "img")[2]
+    assert line.startswith("**Not run yet:** 2 of its 6 curves have no finished run")
+    assert "`python -m scripts.results --seeds 3 --only 'fig6-best_lr/unified lr 2e-3' " in line

@@ -14,6 +14,7 @@ from config import load_config
 from data.shards import DataError
 from repro.comparisons import Comparison, Curve, Plan
 from repro.measure import Results
+from repro import page
 from repro.page import scope
 from repro.runs import load_run
 from repro.sources import composition_lines, eval_read, source_table, sources_of
@@ -186,3 +187,16 @@ def test_the_wikitext_set_is_prepared_in_a_checkout_with_no_data_yet(tmp_path):
     prepare_wikitext(train, tmp_path / "wiki", wiki)
     assert (tmp_path / "train" / META_FILE).is_file() and (tmp_path / "wiki" / META_FILE).is_file()
     assert json.loads((tmp_path / "wiki" / META_FILE).read_text())["tokenizer"]["name"] == "gpt2"
+
+
+def test_the_scope_says_so_when_every_central_claim_is_powered(tmp_path, monkeypatch):
+    # short_of_power is tested on its own (tests/test_verdicts.py); here, what the page's opening says of its answer.
+    res, _ = panel(tmp_path)
+    monkeypatch.setattr(page, "short_of_power", lambda res: [])
+    text = "\n".join(page.scope(res, retuned=True))
+    assert "Every one of the paper's 7 central claims has the seeds for an MDE at or below the larger of its |Δ| " \
+           "and 0.02 (item 4: the count below)." in text and "Not done yet" not in text
+    monkeypatch.setattr(page, "short_of_power", lambda res: ["WSD, MoE"])
+    text = "\n".join(page.scope(res, retuned=True))
+    assert "Every one of" not in text and "Not done yet: the seeds that would power 1 of the paper's central " \
+           "claims (WSD, MoE; item 4" in text
