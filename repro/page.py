@@ -114,8 +114,9 @@ def corpus_lines(run: Run) -> list[str]:
             f"which each evaluation reads {how}{read.targets:,} (the eval set above)."]
 
 
-def write_page(plan: Plan, where: dict, page: Path, cpu_seconds: float, wiki: str, rebuild: str) -> None:
-    """`rebuild`: the command that writes this page again from its runs' archive (scripts/results.py, rebuild_command).
+def write_page(plan: Plan, where: dict, page: Path, cpu: dict[str, float], wiki: str, rebuild: str) -> None:
+    """`cpu`: CPU seconds per run directory name (repro/runner.py, CpuLedger). `rebuild`: the command that writes this
+    page again from its runs' archive (scripts/results.py, rebuild_command).
     The plots go to img/<the page's name>/ beside it, so two pages (v3's and v2's) keep their own."""
     page = Path(page)
     img_dir = page.parent / "img" / page.stem
@@ -131,7 +132,7 @@ def write_page(plan: Plan, where: dict, page: Path, cpu_seconds: float, wiki: st
         "<!-- Written by `python -m scripts.results` from the runs' config.yaml and metrics.jsonl, and rebuilt from "
         f"the archive by `{rebuild}`; edit repro/page.py, repro/reading.py and repro/sections.py, not this file. -->",
         "",
-        *intro(res, cpu_seconds, rebuild),
+        *intro(res, cpu, rebuild),
         "",
         *scope(res, retuned_done(res)),
         "",
@@ -154,12 +155,20 @@ def write_page(plan: Plan, where: dict, page: Path, cpu_seconds: float, wiki: st
     page.write_text("\n".join(text).rstrip() + "\n")
 
 
-def intro(res: Results, cpu_seconds: float, rebuild: str) -> list[str]:
+def intro(res: Results, cpu: dict[str, float], rebuild: str) -> list[str]:
+    # A run the ledger never saw (trained before the ledger existed, or by hand) is named, so the total is not read
+    # as every run's cost.
+    unledgered = sorted(r.path.name for r in res.loaded if r.path.name not in cpu)
+    ran = sum(cpu.get(r.path.name, 0.0) for r in res.loaded)
+    one = len(unledgered) == 1
+    counted = (f"; {len(unledgered)} {'run' if one else 'runs'} ({', '.join(unledgered)}) "
+               f"{'has' if one else 'have'} no entry in the ledger, so {'its' if one else 'their'} time is not in it"
+               if unledgered else "")
     return [
         f"Every number below comes from {len(res.loaded)} finished runs ({seeds_per_curve(res)} per curve) of the "
-        f"CPU proxy, written by `python -m scripts.results`, which ran them in **{cpu_seconds / 3600:.2f} CPU-hours** "
-        "(user + system time of every run's process, summed over every invocation); this page is rebuilt from the "
-        f"runs' archive by `{rebuild}`. Deltas are *ours − reference* in the final validation loss (the eval set "
+        f"CPU proxy, written by `python -m scripts.results`, which ran them in **{ran / 3600:.2f} CPU-hours** "
+        f"(user + system time of every run's process, summed over every invocation{counted}); this page is rebuilt "
+        f"from the runs' archive by `{rebuild}`. Deltas are *ours − reference* in the final validation loss (the eval set "
         "below), paired by seed, with a 95 % Student-t interval; WikiText-2 is its test set, never trained on, "
         "evaluated with the same final weights. The MDE is the smallest true delta these seeds resolve with 80 % "
         "power at 95 %: (t₀.₉₇₅ + t₀.₈₀, n − 1 degrees of freedom) · sd / √n of the paired deltas. A delta is "

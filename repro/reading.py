@@ -16,7 +16,7 @@ from repro.laws import LadderLaw, ratio_text, times, times_interval, times_text
 from repro.measure import Results, Row
 from repro.proxy import DENSE, MOE
 from repro.runs import Run
-from repro.sections import crossing_log, law_of, lead_after_retuning
+from repro.sections import crossing_log, grid_edge, law_of, lead_after_retuning
 from repro.sources import all_prefix
 from repro.significance import benjamini_hochberg, holm, p_value, seeds_for
 from repro.stats import (ALPHA, CONTRADICTS, FAR, LARGER, REPRODUCES, RULED_OUT, SMALLER, UNDECIDED, UNINFORMATIVE,
@@ -127,7 +127,8 @@ def retuned_lines(res: Results) -> list[str]:
         lrs = f"of {', '.join(g.lrs)}: {g.ours} {res.best_lr(comp, g.ours)}, {g.reference} " \
               f"{res.best_lr(comp, g.reference)}"
         out.append(f"- {name} ({lrs}): {delta_text(best)}: **{verdict_class(best.delta, best.paper)}**; at the same "
-                   f"lr ({g.same}) {fmt(same.delta, True)}: {lead_after_retuning(g, same.delta, best.delta)}.")
+                   f"lr ({g.same}) {fmt(same.delta, True)}: {lead_after_retuning(g, same.delta, best.delta)}."
+                   f"{grid_edge(res, comp)}")
     return out
 
 
@@ -246,11 +247,19 @@ def power_lines(res: Results) -> list[str]:
            f"The seeds each central claim would need for an MDE at or below the larger of the paper's |Δ| and "
            f"{MDE_FLOOR:g}, solved from MDE = (t₀.₉₇₅ + t₀.₈₀, n − 1 degrees of freedom) · sd / √n with the paired sd "
            "these runs measured (itself a rough estimate from so few seeds). A row short of its target trains more "
-           "seeds of its two curves alone: `python -m scripts.results --seeds N --only '<comparison>/<curve>' …`.",
+           "seeds of its two curves alone: `python -m scripts.results --seeds N --only '<comparison>/<curve>' …`. "
+           "Seeds are added in rounds until a row meets its target: a stopping rule that reads the paired sd alone, "
+           "never the delta's sign or its p. Each lr grid's row with both designs at their best lr follows the "
+           "central claims for reference; its seeds would train the two best lrs' curves, and which lr is best is "
+           "itself read from the seeds.",
            "",
            "| claim | row | seeds | paired sd | MDE now | paper Δ | target MDE | seeds for it |",
            "|---|---|---|---|---|---|---|---|"]
-    for name, r in rows:
+    # Each lr grid's best-lr-against-best-lr row (issue 29, item 5, and Fig. 1's own second row), for reference: not
+    # a central claim, so it sets no target the opening reports, and its best lrs are themselves read from the seeds.
+    best = [("Best lr against best lr (for reference)", grid[1]) for comp in res.plan.comparisons
+            if comp.kind == "lr_grid" and len(grid := res.rows_of(comp)) == 2 and grid[1].delta is not None]
+    for name, r in rows + best:
         target = target_mde(r)
         need: Optional[int] = seeds_for(r.delta.sd, target) if r.delta and r.delta.n >= 2 else None
         paper = f"{r.paper:+.4f}" if r.paper is not None else "–"

@@ -161,7 +161,23 @@ def retuning_sentence(res: Results, comp: Comparison) -> Optional[str]:
         numbers = (f"{d}: {fmt(same.delta, True)} at the same lr ({g.same}), {fmt(best.delta, True)} with each at "
                    f"its best lr ({g.ours} {res.best_lr(comp, g.ours)}, {g.reference} {res.best_lr(comp, g.reference)};"
                    " each paired by seed)")
-    return f"{numbers}: {lead_after_retuning(g, same.delta, best.delta)}."
+    return f"{numbers}: {lead_after_retuning(g, same.delta, best.delta)}.{grid_edge(res, comp)}"
+
+
+def grid_edge(res: Results, comp: Comparison) -> str:
+    """A sentence (with its leading space) naming each design whose best lr is the grid's smallest or largest: its
+    optimum may lie outside the grid, so its "best" is only the grid's best; "" when every best is inside."""
+    lrs = sorted(comp.grid.lrs, key=float)
+    ends = {lrs[0]: "smallest", lrs[-1]: "largest"}
+    at = [(d, lr) for d in (comp.grid.ours, comp.grid.reference) if (lr := res.best_lr(comp, d)) in ends]
+    if not at:
+        return ""
+    if len(at) == 2 and at[0][1] == at[1][1]:
+        said = f"Both designs' best lr is the grid's {ends[at[0][1]]} ({at[0][1]})"
+    else:
+        said = "; ".join(f"the best lr of {d} is the grid's {ends[lr]} ({lr})" for d, lr in at)
+        said = "T" + said[1:]
+    return f" {said}: an optimum may lie beyond the grid, so *best* is the grid's best; a wider grid would tell."
 
 
 def lead_after_retuning(g: LrGrid, same: Optional[Stat], best: Optional[Stat]) -> str:

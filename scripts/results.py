@@ -114,7 +114,7 @@ def _run(args: argparse.Namespace, lrs: tuple[float, ...]) -> int:
         prepare_wikitext(config_of(uniques[0].job.argv).data, Path(args.wikitext_dir), args.wikitext)
         failed = run_all(uniques, out_dir, ledger, args.jobs)
     from repro.page import write_page
-    write_page(plan, where, args.page, ledger.total, Path(args.wikitext_dir).name, rebuild_command(args))
+    write_page(plan, where, args.page, ledger.seconds, Path(args.wikitext_dir).name, rebuild_command(args))
     print(f"wrote {args.page}")
     if args.archive:
         print(f"archived {archive(uniques, out_dir, args.archive)} runs in {args.archive}")

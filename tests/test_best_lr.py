@@ -195,6 +195,25 @@ def test_both_best_at_the_paper_lr_is_the_rung_itself(tmp_path):
     assert "each at its best lr (of 2e-3, 4e-3, 8e-3: unified 4e-3, baseline 4e-3): " in "\n".join(plain_reading(res))
 
 
+@pytest.mark.parametrize("losses, said", [
+    (BEST_DIFFER, "The best lr of baseline is the grid's smallest (2e-3): an optimum may lie beyond the grid"),
+    (dict(BEST_DIFFER, **{"baseline lr 8e-3": 2.90, "unified lr 8e-3": 2.95}),
+     "Both designs' best lr is the grid's largest (8e-3): an optimum may lie beyond the grid"),
+    (dict(BEST_DIFFER, **{"baseline lr 2e-3": 3.10}), None)])  # both best at 4e-3, inside the grid
+def test_a_best_lr_at_the_grids_edge_is_named(tmp_path, losses, said):
+    """A design best at the grid's smallest or largest lr may be best outside it: the section and the plain reading
+    say so, once per grid; a best inside the grid says nothing."""
+    plan, where, grid = dense_plan(tmp_path, losses)
+    res = Results(plan, where, "wiki")
+    text = "\n".join(lr_grid_section(res, grid, tmp_path / "img"))
+    line = next(x for x in plain_reading(res) if x.startswith("- Dense unified vs baseline, each at its best lr"))
+    for where_said in (text, line):
+        if said is None:
+            assert "grid's edge" not in where_said and "beyond the grid" not in where_said
+        else:
+            assert where_said.count(said) == 1
+
+
 def test_the_page_says_in_one_line_what_has_not_run(tmp_path):
     """Without the unified runs at ×½ and ×2 (the v2 archive): one line naming them and the command that trains them,
     no row of the grid (nothing counted, no best-vs-best line in the reading), item 5 still listed as not done."""

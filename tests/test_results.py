@@ -193,7 +193,10 @@ def test_page_reads_first_and_counts_over_independent_rows(miniature):
                         "cannot tell at this power" if mde > abs(paper) else "undecided at this power")
         assert expected in label, (mean, lo, hi, paper, mde, label)
     power = text.split("### Power on the central claims")[1].split("###")[0]
-    assert len([line for line in power.splitlines() if line.startswith("| ") and "Fig." in line]) == 7
+    rows = [line for line in power.splitlines() if line.startswith("| ") and "Fig." in line]
+    reference = [line for line in rows if line.startswith("| Best lr against best lr (for reference) |")]
+    assert len(rows) - len(reference) == 7  # the central claims, then each lr grid's best-vs-best row (Figs. 1, 6, 7)
+    assert len(reference) == 3 and all("each at its best lr (" in line for line in reference)
     for ladder in ("Fig. 6", "Fig. 7"):
         section = text.split(f"### {ladder}, unified vs baseline")[1].split("\n### ")[0]
         assert "95 % bootstrap over seeds" in section
@@ -288,6 +291,26 @@ def test_the_page_comes_back_from_its_archive(miniature, tmp_path, capsys, figur
                          "--page-only", "--archive", str(tmp_path / "elsewhere"), *flags]) == 2
     assert "holds more than run archives (notes.txt)" in capsys.readouterr().err
     assert (tmp_path / "elsewhere" / "notes.txt").read_text() == "mine"
+
+
+def test_the_page_names_the_runs_its_cpu_ledger_never_saw(miniature, tmp_path, figures_not_drawn):
+    """The CPU-hours are the ledger's seconds of the page's own runs; a run without an entry (trained before the
+    ledger, or by hand) is named, so the total is never read as every run's cost."""
+    import json, shutil
+    argv, runs, page, out = miniature
+    copy, mine = tmp_path / "runs", tmp_path / "results.md"
+    shutil.copytree(runs, copy)
+    names = sorted(json.loads((copy / "cpu_seconds.json").read_text()))
+    assert len(names) == EXPERIMENTS * SEEDS
+    ledger = {name: 3600.0 for name in names[1:]}
+    ledger["a-run-this-page-does-not-read"] = 7200.0
+    (copy / "cpu_seconds.json").write_text(json.dumps(ledger))
+    assert results.main(["--seeds", str(SEEDS), "--out-dir", str(copy), "--page", str(mine), "--page-only",
+                         *argv[argv.index("--lrs"):]]) == 0
+    text = mine.read_text()
+    assert f"**{len(names) - 1:.2f} CPU-hours**" in text
+    assert f"1 run ({names[0]}) has no entry in the ledger, so its time is not in it" in text
+    assert "have no entry" not in page.read_text()  # the miniature's own ledger has every run
 
 
 def test_launch_reports_the_exit_code_and_the_cpu_time_of_its_process(tmp_path, monkeypatch):
