@@ -175,8 +175,8 @@ def grid_edge(res: Results, comp: Comparison) -> str:
     if len(at) == 2 and at[0][1] == at[1][1]:
         said = f"Both designs' best lr is the grid's {ends[at[0][1]]} ({at[0][1]})"
     else:
-        said = "; ".join(f"the best lr of {d} is the grid's {ends[lr]} ({lr})" for d, lr in at)
-        said = "T" + said[1:]
+        said = "; ".join(f"{'The' if i == 0 else 'the'} best lr of {d} is the grid's {ends[lr]} ({lr})"
+                         for i, (d, lr) in enumerate(at))
     return f" {said}: an optimum may lie beyond the grid, so *best* is the grid's best; a wider grid would tell."
 
 
