@@ -41,12 +41,17 @@ class Attention(nn.Module):
     def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """h: (B, T, d) normalized input → (B, T, d)."""
         B, T, _ = h.shape
-        q, k, v = self.q_proj(h), self.k_proj(h), self.v_proj(h)  # (B, T, H·hd), (B, T, KV·hd) ×2
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rope(q.view(B, T, self.n_heads, self.head_dim), cos, sin)
-        k = apply_rope(k.view(B, T, self.n_kv_heads, self.head_dim), cos, sin)
-        v = v.view(B, T, self.n_kv_heads, self.head_dim)
+
+        def heads(n: int, norm: Optional[Norm] = None, rope: bool = True):  # (B, T, n·hd) → (B, T, n, hd)
+            def then(t: torch.Tensor) -> torch.Tensor:
+                t = (t if norm is None else norm(t)).view(B, T, n, self.head_dim)
+                return apply_rope(t, cos, sin) if rope else t
+            return then
+        # Each branch's chain after its matmul (DNP's Norm, u, the Gemma Q/K-Norm, RoPE) is one `then`, which
+        # ScaledLinear recomputes in backward when compiled: the block saves what the baseline's saves
+        q = self.q_proj(h, then=heads(self.n_heads, self.q_norm))  # (B, T, H, hd)
+        k = self.k_proj(h, then=heads(self.n_kv_heads, self.k_norm))  # (B, T, KV, hd)
+        v = self.v_proj(h, then=heads(self.n_kv_heads, rope=False))  # (B, T, KV, hd)
         y = F.scaled_dot_product_attention(  # (B, H, T, hd)
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
             enable_gqa=self.n_kv_heads != self.n_heads)

@@ -14,6 +14,9 @@ head's matmuls exactly once each (no recomputation). The chunk runs the real mod
 with detached leaves), so every design's head is covered by the code that defines it in model/scaling.py.
 Rows are whole vocabulary rows: DNP's inner Norm over the vocabulary needs all of a row's logits.
 
+A head with DNP's vocabulary Norm (the unified design's) takes its own chunk step, `_vocab_norm_chunk`: the Norm, u
+and the cross-entropy forward and backward written out over the chunk's logits, autograd only for the small parts.
+
 The head weight's gradient, the largest (V × d: 50,304 × 768), is added straight into its fp32 buffer by the chunk's
 matmul (`_HeadMatmul`: buffer += Gᵀ x with `addmm_`) rather than formed as a fresh (V, d) tensor per chunk and then
 added; every other gradient (h, the vectors, the norms) comes from autograd.
@@ -72,7 +75,7 @@ def head_loss(norm: nn.Module, lm_head: nn.Module, h: torch.Tensor, targets: tor
     names = [[n for n, _ in m.named_parameters()] for m in modules]
     params = [p for m in modules for p in m.parameters()]
     if torch.is_grad_enabled() and (h.requires_grad or any(p.requires_grad for p in params)):
-        fn = _compiled_chunk_loss(compiled) if compiled else _chunk_loss_sum
+        fn = _vocab_norm_chunk(compiled) if _has_vocab_norm(lm_head) else _autograd_chunk(compiled)
         return _FusedHeadLoss.apply(h, targets, chunk, fn, modules, names, *params)
     with torch.no_grad():  # eval: chunks without gradients
         total = sum(_cross_entropy_sum(lm_head(norm(h[s:s + chunk])), targets[s:s + chunk])
@@ -166,13 +169,151 @@ def _weight_grad_mode(operand: torch.dtype, acc: torch.Tensor) -> str:
     return "add"
 
 
-_COMPILED: dict[str, Callable] = {}
+_COMPILED: dict[tuple[Callable, str], Callable] = {}
 
 
-def _compiled_chunk_loss(backend: str) -> Callable:
-    if backend not in _COMPILED:  # built on first use: no import-time side effects (docs/design.md principle 4)
-        _COMPILED[backend] = torch.compile(_chunk_loss_sum, fullgraph=True, dynamic=False, backend=backend)
-    return _COMPILED[backend]
+def _compiled(fn: Callable, backend: Optional[str]) -> Callable:
+    """`fn` compiled by `backend` (one graph, static shapes: a break fails loudly), or `fn` itself for None."""
+    if backend is None:
+        return fn
+    if (fn, backend) not in _COMPILED:  # built on first use: no import-time side effects (docs/design.md principle 4)
+        _COMPILED[fn, backend] = torch.compile(fn, fullgraph=True, dynamic=False, backend=backend)
+    return _COMPILED[fn, backend]
+
+
+def _autograd_chunk(backend: Optional[str]) -> Callable:
+    """The chunk step of every head without a vocabulary Norm: Σ CE through the real modules, its backward from
+    autograd (the whole chunk compiled by `backend`, forward and backward one graph each)."""
+    chunk_loss = _compiled(_chunk_loss_sum, backend)
+
+    def step(modules, params, h_c, targets_c, weight_grad, mode, inv_rows):
+        sum_c = chunk_loss(modules, params, h_c, targets_c, weight_grad, mode)
+        return sum_c, [sum_c], [inv_rows]
+    return step
+
+
+def _has_vocab_norm(lm_head: nn.Module) -> bool:
+    """Whether the head normalizes its logits over the vocabulary (DNP on the LM head, docs/paper.md §1.9 [I])."""
+    return getattr(lm_head, "inner", None) is not None
+
+
+def _vocab_norm_chunk(backend: Optional[str]) -> Callable:
+    """The chunk step of a head with DNP's vocabulary Norm, y = u ⊙ Norm(W (v ⊙ x)) over the vocabulary.
+
+    Autograd covers only the small tensors: the final norm and v on the chunk's rows (n, d), and u = out_scale()
+    (V,) from its α and β. Everything of size (n, V) is `_vocab_norm_core`, whose backward is written out: no graph,
+    no saved (n, V) tensors, and compiled it is row passes over the logits, where autograd's partitioner kept fp32
+    (n, V) buffers between a forward and a backward graph (logits, the Norm's output, the softmax)."""
+    def step(modules, params, h_c, targets_c, weight_grad, mode, inv_rows):
+        norm, head = modules
+        a = functional_call(norm, params[0], (h_c,))  # (n, d)
+        if head.in_scale is not None:
+            a = a * functional_call(head.in_scale, _under(params[1], "in_scale"), ())
+        u = functional_call(head.out_scale, _under(params[1], "out_scale"), ())  # (V,)
+        inner = head.inner
+        sum_c, grad_a, grad_u = _vocab_norm_core(a.detach(), params[1]["weight"].detach().to(a.dtype), u.detach(),
+                                                 targets_c, inv_rows, inner.eps, inner.logical or inner.dim,
+                                                 weight_grad, mode, backend)
+        return sum_c, [a, u], [grad_a.to(a.dtype), grad_u.to(u.dtype)]
+    return step
+
+
+def _under(params: dict, prefix: str) -> dict:
+    """The entries of a module's parameter dict that belong to its submodule `prefix`, named as the submodule names
+    them."""
+    return {n[len(prefix) + 1:]: p for n, p in params.items() if n.startswith(prefix + ".")}
+
+
+def _vocab_norm_core(a: torch.Tensor, w: torch.Tensor, u: torch.Tensor, targets: torch.Tensor,
+                     inv_rows: torch.Tensor, eps: float, width: int, weight_grad: Optional[torch.Tensor],
+                     mode: str, backend: Optional[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One chunk of the DNP head, forward and backward at once, without autograd. a: (n, d) the head's input,
+    w: (V, d), u: (V,), targets: (n,). Returns Σ CE over the rows, ∂/∂a (n, d) and ∂/∂u (V,) (fp32), each times
+    `inv_rows`, and adds W's gradient (n, V)ᵀ (n, d) into `weight_grad` (mode: `_weight_grad_mode`).
+
+    Forward (docs/paper.md §1.5, in at least fp32 from the logits on):
+        z = a Wᵀ,  r = (Σ_j z_j²/V + eps)^(-1/2),  y = z·r,  l = u ⊙ y,  CE = logsumexp(l) − l_t
+    Backward, c = inv_rows, p = softmax(l):
+        ∂/∂l = c (p − onehot_t),   ∂/∂u = Σ_rows ∂/∂l ⊙ y,
+        ∂/∂z = r (u ⊙ ∂/∂l − y·s),   s = Σ_j (u ⊙ ∂/∂l)_j y_j / V = c (Σ_j p_j l_j − l_t) / V
+    (the Norm's backward, as `_Norm` writes it; s through l = u ⊙ y, so a row's s comes from the pass that makes its
+    logsumexp). ∂/∂z is cast to the logits' dtype, as autograd's would be, before the two matmuls.
+
+    Compiled (`backend`), two graphs: the rows (statistics, then ∂/∂z) and the column sum ∂/∂u, which recomputes
+    the softmax from z; in one graph inductor's CPU kernel fuses both and runs about 1.6x slower than the two apart.
+    Eager, `_vocab_norm_eager`: the same arithmetic in place, three (n, V) buffers."""
+    z = F.linear(a, w)  # (n, V): the chunk's logits before the Norm
+    if backend is None:
+        sum_ce, dz, grad_u = _vocab_norm_eager(z, u, targets, inv_rows, eps, width)
+    else:
+        sum_ce, dz, r, lse = _compiled(_vocab_norm_rows, backend)(z, u, targets, inv_rows, eps, width)
+        grad_u = _compiled(_vocab_norm_grad_u, backend)(z, u, targets, inv_rows, r, lse)
+    grad_a = dz.mm(w)  # (n, d)
+    if weight_grad is not None:
+        _add_gemm()(weight_grad, dz.t(), a, mode)
+    return sum_ce, grad_a, grad_u
+
+
+def _vocab_norm_rows(z: torch.Tensor, u: torch.Tensor, targets: torch.Tensor, inv_rows: torch.Tensor, eps: float,
+                     width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The row passes of `_vocab_norm_core`: (Σ CE, ∂/∂z (n, V) in z's dtype, r (n, 1), logsumexp (n, 1))."""
+    acc = _acc(z.dtype)
+    z32 = z.to(acc)
+    r = torch.rsqrt(z32.square().sum(-1, keepdim=True) / width + eps)  # (n, 1)
+    y = z32 * r
+    logits = y * u.to(acc)  # (n, V)
+    m = logits.amax(-1, keepdim=True)  # (n, 1): the exponentials' range
+    e = torch.exp(logits - m)  # one pass makes both row sums below
+    total = e.sum(-1, keepdim=True)  # (n, 1)
+    lse = m + torch.log(total)
+    l_t = logits.gather(1, targets[:, None])  # (n, 1)
+    s = inv_rows * ((e * logits).sum(-1, keepdim=True) / total - l_t) / width  # (n, 1): c (Σ_j p_j l_j − l_t) / V
+    dl = inv_rows * (torch.exp(logits - lse) - _onehot(targets, z.shape[1]).to(acc))  # (n, V)
+    dz = (r * (dl * u.to(acc) - y * s)).to(z.dtype)
+    return (lse - l_t).sum(), dz, r, lse
+
+
+def _vocab_norm_grad_u(z: torch.Tensor, u: torch.Tensor, targets: torch.Tensor, inv_rows: torch.Tensor,
+                       r: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """∂/∂u = Σ_rows c (p − onehot_t) ⊙ y of `_vocab_norm_core`, (V,), the softmax recomputed from z, r and lse."""
+    acc = _acc(z.dtype)
+    y = z.to(acc) * r  # (n, V)
+    dl = inv_rows * (torch.exp(y * u.to(acc) - lse) - _onehot(targets, z.shape[1]).to(acc))
+    return (dl * y).sum(0)
+
+
+def _vocab_norm_eager(z: torch.Tensor, u: torch.Tensor, targets: torch.Tensor, inv_rows: torch.Tensor, eps: float,
+                      width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`_vocab_norm_rows` and `_vocab_norm_grad_u` for eager runs: (Σ CE, ∂/∂z in z's dtype, ∂/∂u). Op for op the
+    same formulas, but each pass writes into one of three (n, V) buffers in at least fp32 (y, then the logits and the
+    softmax, then ∂/∂l) where the functional form would leave a fresh tensor per op (tests/test_loss.py holds the
+    two to fp64 rounding)."""
+    acc = _acc(z.dtype)
+    u32 = u.to(acc)
+    y = z.to(acc)  # (n, V) buffer 1; z itself when it is already in acc (z is this chunk's own)
+    r = torch.rsqrt(_row_dot(y, y) / width + eps)  # (n, 1)
+    y.mul_(r)
+    logits = y * u32  # (n, V) buffer 2
+    m = logits.amax(-1, keepdim=True)
+    l_t = logits.gather(1, targets[:, None])  # (n, 1)
+    e = torch.sub(logits, m).exp_()  # (n, V) buffer 3
+    total = e.sum(-1, keepdim=True)
+    s = inv_rows * (_row_dot(e, logits) / total - l_t) / width  # (n, 1)
+    lse = m + torch.log(total)
+    dl = e.mul_(inv_rows / total).scatter_add_(1, targets[:, None], (-inv_rows).expand(len(targets), 1))
+    grad_u = torch.mul(dl, y, out=logits).sum(0)  # (V,)
+    dz = dl.mul_(u32).sub_(y.mul_(s)).mul_(r)  # r (u ⊙ ∂/∂l − y·s)
+    return (lse - l_t).sum(), dz.to(z.dtype), grad_u
+
+
+def _row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Σ_j a_ij b_ij of each row, (n, 1), as a batched dot product: no (n, V) product is formed."""
+    return torch.bmm(a[:, None, :], b[:, :, None])[:, :, 0]
+
+
+def _onehot(targets: torch.Tensor, width: int) -> torch.Tensor:
+    """(n, width) bool, True at each row's target: a comparison the compiled passes fuse, never a stored tensor."""
+    return torch.arange(width, device=targets.device) == targets[:, None]
 
 
 def _acc(dtype: torch.dtype) -> torch.dtype:
@@ -199,7 +340,8 @@ class _FusedHeadLoss(torch.autograd.Function):
         # every other parameter's. In place, W's leaf still requires grad and is asked for (its "gradient" is None,
         # hence allow_unused) so that the backward runs even when nothing before the matmul wants a gradient.
         i_w = len(names[0]) + list(names[1]).index("weight")
-        in_place = grad_params[i_w] is not None and not any(modules[1].folds(min(chunk, n_rows)))
+        in_place = grad_params[i_w] is not None and (_has_vocab_norm(modules[1])
+                                                     or not any(modules[1].folds(min(chunk, n_rows))))
         weight_grad = grad_params[i_w] if in_place else None
         mode = _weight_grad_mode(params[i_w].dtype, weight_grad) if in_place else ""
         if in_place:
@@ -208,15 +350,16 @@ class _FusedHeadLoss(torch.autograd.Function):
         loss = torch.zeros((), dtype=_acc(h.dtype), device=h.device)
         for s in range(0, n_rows, chunk):
             h_c = h[s:s + chunk].detach().requires_grad_(grad_h is not None)  # (n, d)
-            with torch.enable_grad():
-                sum_c = fn(modules, by_module, h_c, targets[s:s + chunk], weight_grad, mode)  # Σ CE over the rows
+            with torch.enable_grad():  # Σ CE over the rows; the roots of the chunk's backward and their gradients
+                sum_c, roots, root_grads = fn(modules, by_module, h_c, targets[s:s + chunk], weight_grad, mode,
+                                              inv_rows)
             inputs = ([h_c] if grad_h is not None else []) + [leaf for _, leaf in wrt]
-            grads = list(torch.autograd.grad(sum_c, inputs, grad_outputs=inv_rows, allow_unused=in_place)
-                         if inputs else ())
+            grads = list(torch.autograd.grad(roots, inputs, grad_outputs=root_grads, allow_unused=True)
+                         if inputs and roots else [None] * len(inputs))
             if grad_h is not None:
                 grad_h[s:s + chunk] = grads.pop(0)
             for (i, _), g in zip(wrt, grads):
-                if not (in_place and i == i_w):
+                if g is not None and not (in_place and i == i_w):
                     grad_params[i] += g  # fp32 accumulation over chunks
             loss += sum_c.detach() * inv_rows
         ctx.save_for_backward(grad_h, *[g for g in grad_params if g is not None])

@@ -17,6 +17,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from model.config import Role, ScaleConfig
 
@@ -166,8 +167,9 @@ class ScaledLinear(nn.Module):
     def logical_shape(self) -> tuple[int, int]:
         return self.d_out, self.d_in
 
-    def forward(self, x: torch.Tensor, matmul: Optional[Callable] = None) -> torch.Tensor:
-        """x: (..., d_in) → (..., d_out).
+    def forward(self, x: torch.Tensor, matmul: Optional[Callable] = None,
+                then: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> torch.Tensor:
+        """x: (..., d_in) → (..., d_out), then `then` applied to it (RoPE on q/k: the caller's next elementwise ops).
 
         A vector multiplies whichever side is smaller: u ⊙ (W (v ⊙ x)) = (diag(u) W diag(v)) x exactly, and for a
         block matrix W (d_out × d_in) is far smaller than a micro-batch's rows x (N × d_in), so v and u (without an
@@ -175,24 +177,34 @@ class ScaledLinear(nn.Module):
         the one shared normalized input rather than one scaled copy per branch (HG). The LM head (W: vocab × d)
         scales its activations. docs/design.md's rule stands: no diag() matrices, no u vᵀ outer product.
 
+        Compiled, the folded weight and the chain after the matmul (inner Norm → u → `then`) are `recomputed` in
+        backward, so a branch saves what the baseline's saves (its input, its matmul's output) plus the Norm's
+        statistic r: not W ⊙ v, not the Norm's output beside RoPE's.
+
         `matmul(x, W)` → x Wᵀ stands in for F.linear, for a caller that forms W's gradient itself (the fused LM
         head + loss, model/loss.py, accumulates it in place): then no vector folds into W, so `matmul` gets the
         stored weight and W's gradient is exactly Gᵀ (v ⊙ x), G the gradient of the matmul's output."""
         w = self.weight.to(x.dtype)  # .to: a no-op except for the MoE router, which runs in fp32 on bf16 weights
         fold_in, fold_out = self.folds(x.numel() // self.d_in_padded) if matmul is None else (False, False)
-        if fold_in:
-            w = w * self.in_scale()  # W diag(v): (d_out_padded, d_in)
-        elif self.in_scale is not None:
-            x = x * self.in_scale()
+        v = self.in_scale() if self.in_scale is not None else None
         u = pad_last(self.out_scale(), self.d_out_padded) if self.out_scale is not None else None  # (d_out_padded,)
-        if fold_out:
-            w = w * u[:, None]  # diag(u) W
+        if fold_in or fold_out:
+            w = recomputed(_fold, w, v if fold_in else None, u if fold_out else None)
+        if v is not None and not fold_in:
+            x = x * v
         y = F.linear(x, w) if matmul is None else matmul(x, w)  # (..., d_out_padded)
+        u = None if fold_out else u
+        if self.inner is None and u is None:
+            return y if then is None else then(y)
+        return recomputed(self._post, y, u, then)
+
+    def _post(self, y: torch.Tensor, u: Optional[torch.Tensor], then: Optional[Callable]) -> torch.Tensor:
+        """What follows the matmul: DNP's inner Norm, u, then the caller's `then`."""
         if self.inner is not None:
             y = self.inner(y)
-        if u is not None and not fold_out:
+        if u is not None:
             y = y * u
-        return y
+        return y if then is None else then(y)
 
     def folds(self, rows: int) -> tuple[bool, bool]:
         """Whether a forward over `rows` rows scales W by v (its columns) and by u (its rows) rather than the
@@ -220,6 +232,26 @@ class ScaledLinear(nn.Module):
     def extra_repr(self) -> str:
         padded = "" if self.weight.shape == self.logical_shape else f", stored={tuple(self.weight.shape)}"
         return f"d_in={self.d_in}, d_out={self.d_out}{padded}, role={self.role.value}"
+
+
+def recomputed(fn: Callable, *args):
+    """fn(*args); inside a compiled graph, with fn's intermediate results recomputed in backward from its inputs
+    instead of saved (a non-reentrant activation checkpoint: the partitioner then saves the inputs). For cheap
+    elementwise chains only, never a matmul or attention: the weight fold and a branch's Norm → u → RoPE
+    (docs/design.md, "The scale-vector model"). Eager, fn(*args): there the chain's output is saved by the next op
+    anyway, so recomputing would cost time and save nothing. The same ops either way, so the same numbers."""
+    if torch.compiler.is_compiling():
+        return checkpoint(fn, *args, use_reentrant=False)
+    return fn(*args)
+
+
+def _fold(w: torch.Tensor, v: Optional[torch.Tensor], u: Optional[torch.Tensor]) -> torch.Tensor:
+    """diag(u) W diag(v), either vector None: W (d_out_padded, d_in), v (d_in,), u (d_out_padded,)."""
+    if v is not None:
+        w = w * v  # W diag(v)
+    if u is not None:
+        w = w * u[:, None]  # diag(u) W
+    return w
 
 
 def pad_last(u: torch.Tensor, width: int) -> torch.Tensor:

@@ -49,6 +49,7 @@ class Runner:
     params: int
     activated: int
     precision: "Precision"  # the resolved train.dtype and train.compile (runtime/precision.py)
+    forward: Optional[Callable[[], torch.Tensor]] = None  # one micro-batch's loss, for the footprint (ours only)
 
 
 def resident_bytes(model, optimizer) -> int:
@@ -82,8 +83,12 @@ def build_ours(cfg: RunConfig, di, batches) -> Runner:
     from runtime.trainer import Trainer
     trainer = Trainer(cfg, di, batches)
     model = trainer.model
+
+    def forward() -> torch.Tensor:  # the step's forward on the source's next batch (runtime/footprint.py)
+        x, y = batches.next_batch()
+        return model(x, y, loss_chunk=cfg.train.loss_chunk_tokens)
     return Runner(lambda: trainer.step().losses[0].item(), model, trainer.optimizer, model.num_params(),
-                  model.activated_params(), trainer.precision)
+                  model.activated_params(), trainer.precision, forward)
 
 
 def build_hf_reference(cfg: RunConfig, device: torch.device, seq_len: int, batches) -> Runner:
@@ -231,6 +236,8 @@ def build_parser(description: Optional[str] = None) -> argparse.ArgumentParser:
     p.add_argument("--hf-reference", action=argparse.BooleanOptionalAction, default=None,
                    help="add the transformers LlamaForCausalLM row (default: on when transformers is installed)")
     p.add_argument("--no-memory", action="store_true", help="CPU: skip the per-design memory processes")
+    p.add_argument("--no-footprint", action="store_true",
+                   help="skip the footprint table (saved activations, parameter tensors, ops per step)")
     p.add_argument("--memory-jobs", type=int, default=0,
                    help="CPU: memory processes run at once (default 0: all designs; 1 for models near the RAM size)")
     p.add_argument("--json", type=Path, metavar="PATH", help="also write the table as JSON")
@@ -246,14 +253,16 @@ def build_parser(description: Optional[str] = None) -> argparse.ArgumentParser:
 
 def time_designs(designs: list[Design], di, batches, steps: int, warmup: int,
                  peak_mem: dict[str, Optional[float]], probed: bool, notes: list[str],
-                 json_path: Optional[Path] = None, profile: Optional[tuple[Path, int]] = None
-                 ) -> tuple[dict, list[dict]]:
+                 json_path: Optional[Path] = None, profile: Optional[tuple[Path, int]] = None,
+                 measure_footprint: bool = True) -> tuple[dict, list[dict]]:
     """Build every design and step them interleaved, round by round (step i of every design, then step i + 1), so
     that drift in machine load hits all of them alike: `warmup` untimed rounds, then `steps` timed ones. `peak_mem`:
     the memory probes' peaks on CPU (`probed`; none with --no-memory); on CUDA each design's peak is measured here.
     After every timed round the table so far goes to `json_path`, so a run cut by a timeout keeps it. `profile`:
     (path, steps) — then each design steps that many more times under torch.profiler (runtime/profile.py), and
-    where its time goes is written to path. Returns the table's header and rows."""
+    where its time goes is written to path. `measure_footprint`: after the timed rounds, each design's saved
+    activations, parameter tensors and ops per step (runtime/footprint.py) join its row. Returns the table's header
+    and rows."""
     from model.llama import Llama
     from runtime.metrics import peak_flops
     cfg0 = designs[0].cfg
@@ -264,6 +273,7 @@ def time_designs(designs: list[Design], di, batches, steps: int, warmup: int,
     runners = {d.name: build(d, di, T, batches) for d in designs}
     times: dict[str, list[float]] = {d.name: [] for d in designs}
     losses: dict[str, list[float]] = {d.name: [] for d in designs}
+    footprints: dict = {}
     peak = peak_flops(di.device)
     with torch.device("meta"):
         flops = {d.name: Llama(d.cfg.model).flops_per_token(T) for d in designs}  # hf-llama: its source's
@@ -296,6 +306,16 @@ def time_designs(designs: list[Design], di, batches, steps: int, warmup: int,
                 json_path.parent.mkdir(parents=True, exist_ok=True)
                 json_path.write_text(json.dumps({**header, "steps": i + 1 - warmup, "notes": notes, "rows": rows,
                                                  "losses": losses}, indent=1) + "\n")
+    if measure_footprint:
+        from runtime.footprint import footprint
+        for d in designs:
+            r = runners[d.name]
+            if r.forward is not None:
+                footprints[d.name] = footprint(r.model, r.forward, r.step, di.device)
+        rows = table_rows(designs, runners, times, peak_mem, B * T, flops, peak, footprints)
+        if json_path:
+            json_path.write_text(json.dumps({**header, "notes": notes, "rows": rows, "losses": losses}, indent=1)
+                                 + "\n")
     if profile:
         from runtime.profile import profile_step, write_profiles
         path, n = profile
@@ -304,9 +324,11 @@ def time_designs(designs: list[Design], di, batches, steps: int, warmup: int,
 
 
 def table_rows(designs, runners: dict, times: dict[str, list[float]], peak_mem: dict[str, Optional[float]],
-               tokens: int, flops: dict[str, float], peak: Optional[float]) -> list[dict]:
+               tokens: int, flops: dict[str, float], peak: Optional[float], footprints: Optional[dict] = None
+               ) -> list[dict]:
     """One row per design from its timed steps so far: median ms/step, tok/s (`tokens` per step), MFU, peak memory,
-    and the time and memory ratios to the first design."""
+    and the time and memory ratios to the first design; with `footprints` (runtime/footprint.py) also the saved
+    activations (MiB per block, the head's peak), the parameter tensors and the ops per step."""
     from runtime.metrics import mfu
     rows = []
     for d in designs:
@@ -322,6 +344,14 @@ def table_rows(designs, runners: dict, times: dict[str, list[float]], peak_mem: 
         r["time_ratio"] = r["ms_per_step"] / rows[0]["ms_per_step"]
         m0, m = rows[0]["peak_mem_mib"], r["peak_mem_mib"]
         r["mem_ratio"] = m / m0 if m is not None and m0 else None
+    for r in rows:
+        f = (footprints or {}).get(r["design"])
+        if f is None:
+            continue
+        r.update({"saved_block_mib": f.saved_block_mean_bytes / 2**20, "saved_head_mib": f.saved_head_peak_bytes / 2**20,
+                  "param_tensors": f.param_tensors, "host_ops": f.host_ops_per_step, "kernels": f.kernels_per_step})
+        first = rows[0].get("saved_block_mib")
+        r["saved_block_ratio"] = r["saved_block_mib"] / first if first else None
     return rows
 
 
@@ -334,8 +364,7 @@ def format_header(h: dict) -> str:
 
 def format_table(rows: list[dict]) -> str:
     """The printed table: one header line, then one line per design (scripts and tests split it on whitespace)."""
-    def num(v, fmt):
-        return "-" if v is None else format(v, fmt)
+    num = _num
     w = max(12, *(len(r["design"]) + 2 for r in rows))
     lines = [f"{'design':<{w}}{'params':>14}{'activated':>14}{'ms/step':>10}{'± sd':>8}{'tok/s':>10}{'MFU':>7}"
              f"{'peak MiB':>10}{'time ×':>8}{'mem ×':>8}"]
@@ -345,6 +374,27 @@ def format_table(rows: list[dict]) -> str:
                      f"{r['ms_sd']:>8.1f}{r['tok_per_s']:>10.0f}{mfu_text:>7}{num(r['peak_mem_mib'], '.0f'):>10}"
                      f"{r['time_ratio']:>8.3f}{num(r['mem_ratio'], '.3f'):>8}")
     return "\n".join(lines) + "\n"
+
+
+def format_footprint(rows: list[dict]) -> str:
+    """The footprint table (runtime/footprint.py), one line per design that has one; "" when none has."""
+    rows = [r for r in rows if "saved_block_mib" in r]
+    if not rows:
+        return ""
+    num = _num
+    w = max(12, *(len(r["design"]) + 2 for r in rows))
+    lines = [f"{'design':<{w}}{'saved MiB/block':>16}{'× first':>9}{'head peak MiB':>15}{'param tensors':>15}"
+             f"{'host ops/step':>15}{'kernels/step':>14}"]
+    for r in rows:
+        lines.append(f"{r['design']:<{w}}{r['saved_block_mib']:>16.2f}{num(r['saved_block_ratio'], '.3f'):>9}"
+                     f"{r['saved_head_mib']:>15.2f}{r['param_tensors']:>15,}{num(r['host_ops'], ',.0f'):>15}"
+                     f"{num(r['kernels'], ',.0f'):>14}")
+    return "\n".join(lines) + "\n"
+
+
+def _num(value: Optional[float], fmt: str) -> str:
+    """A table cell: the value formatted, or "-" where it was not measured."""
+    return "-" if value is None else format(value, fmt)
 
 
 def _one_or_mixed(values) -> object:

@@ -36,6 +36,12 @@ same targets, backward, clip, torch.optim.AdamW with the config's lr, betas, eps
 (fused on CUDA, foreach on CPU), zero_grad.
 
 Ratios are to the first design: time (ms/step) and memory (peak MiB). MFU is printed on GPUs whose peak is known.
+
+Footprint (a second table; --no-footprint skips it), after the timed rounds, per design of ours (runtime/footprint.py):
+the bytes autograd saves for backward per block (mean over blocks) and at most at once in the LM head, through
+saved-tensor hooks on the model as it trains (parameters and shared inputs excluded); the parameter tensors (what
+FSDP2, clipping and the optimizer loop over); the aten operators dispatched per step, nested ones included, and on
+CUDA the kernels launched (torch.profiler, two steps).
 """
 from __future__ import annotations
 
@@ -48,7 +54,8 @@ from typing import Optional
 import torch
 
 from config import SCALE_PRESETS, ConfigError, load_config
-from runtime.benchmark import build_parser, format_header, format_table, make_batches, plan, time_designs, with_data
+from runtime.benchmark import (build_parser, format_footprint, format_header, format_table, make_batches, plan,
+                               time_designs, with_data)
 from runtime.memory_probe import memory_probe, run_probes
 from runtime.files import out_path_problem
 
@@ -116,9 +123,11 @@ def main(argv: list[str] | None = None) -> int:
                 import transformers  # noqa: F401  (slow; meanwhile)
             peak_mem = {d.name: f.result() for d, f in zip(designs, probes)}
         header, rows = time_designs(designs, di, batches, args.steps, args.warmup, peak_mem, probed, notes,
-                                    args.json, (args.profile, args.profile_steps) if args.profile else None)
+                                    args.json, (args.profile, args.profile_steps) if args.profile else None,
+                                    measure_footprint=not args.no_footprint)
         print(format_header(header))
         print(format_table(rows), end="")
+        print(format_footprint(rows), end="")
     finally:
         shutdown(di)
     return 0

@@ -23,8 +23,17 @@ TINY = ["--vocab-size", "512", "--micro-batch", "2", "--seq-len", "32", "--steps
 
 
 def _rows(out: str) -> tuple[list[str], dict[str, list[str]]]:
+    """The time table's header words and rows by design (the footprint table, if any, follows it)."""
     lines = out.splitlines()
-    return lines[1].split(), {line.split()[0]: line.split() for line in lines[2:]}
+    end = next((i for i in range(2, len(lines)) if lines[i].startswith("design")), len(lines))
+    return lines[1].split(), {line.split()[0]: line.split() for line in lines[2:end]}
+
+
+def _footprint(out: str) -> dict[str, list[str]]:
+    """The footprint table's rows by design."""
+    lines = out.splitlines()
+    start = next(i for i in range(2, len(lines)) if lines[i].startswith("design"))
+    return {line.split()[0]: line.split() for line in lines[start + 1:]}
 
 
 def test_table_has_every_design_its_memory_and_the_ratios(tmp_path, capsys):
@@ -43,6 +52,13 @@ def test_table_has_every_design_its_memory_and_the_ratios(tmp_path, capsys):
     # transformers' Llama with the baseline's configuration has exactly the baseline's parameters
     assert by_name["hf-llama"]["params"] == by_name["baseline"]["params"] == 163_904
     assert by_name["unified"]["params"] > by_name["baseline"]["params"]
+    # the footprint table: ours only (the reference row is not our model), counted and in the JSON
+    footprint = _footprint(out)
+    assert set(footprint) == {"baseline", "unified"} and footprint["baseline"][2] == "1.000"
+    assert by_name["unified"]["param_tensors"] > by_name["baseline"]["param_tensors"] > 0  # OR: α and β each
+    for name in ("baseline", "unified"):
+        assert by_name[name]["saved_block_mib"] > 0 and by_name[name]["host_ops"] > 0, by_name[name]
+        assert by_name[name]["kernels"] is None  # CPU: no kernel count
 
 
 def test_a_probe_measures_its_peak_from_after_the_setup():

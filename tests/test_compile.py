@@ -8,6 +8,7 @@ import torch
 
 from config import load_config
 from model.llama import build_model
+from test_loss import bound, terms
 from test_model import PRESETS, preset_model_cfg
 
 
@@ -44,10 +45,15 @@ def test_every_preset_compiles_without_a_graph_break(name):
     ref = grads(model)
     model.zero_grad(set_to_none=True)
     loss = compiled_step(model)
-    assert torch.equal(loss, eager)
+    # A head with DNP's vocabulary Norm runs its chunk in two forms of the same formulas (model/loss.py): in place
+    # when eager, as graphs when compiled. They agree to fp32 rounding over the 67 logits, not bit for bit (each
+    # gradient to the size of its terms: test_loss.terms).
+    tol = bound(torch.float32, 67) if model.lm_head.inner is not None else 0.0
+    assert torch.allclose(loss, eager, rtol=tol, atol=0)
     for n, g in grads(model).items():
         assert ref[n].abs().max() > 0, f"{n}: no gradient in eager"
-        assert torch.equal(g, ref[n]), (n, (g - ref[n]).abs().max().item())
+        atol = tol * max(ref[n].abs().max(), terms(ref, n).abs().max())
+        assert torch.allclose(g, ref[n], rtol=0, atol=atol), (n, (g - ref[n]).abs().max().item())
 
 
 @pytest.mark.parametrize("name", ["baseline", "unified"])

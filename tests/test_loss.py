@@ -174,17 +174,30 @@ def test_fused_head_loss_moe_and_one_chunk_per_row():
         assert_grads_close(grads, ref, torch.float64, 50)  # reductions over at most the 50 logits
 
 
-def test_fused_head_never_materializes_more_than_one_chunk_of_logits():
-    model = build_model(preset_model_cfg("unified"), seed=0)
-    rows = []
-    model.lm_head.register_forward_hook(lambda _m, _i, out: rows.append(out.shape[0]))
+class LogitsRows(TorchDispatchMode):
+    """The rows of every matrix product that makes logits (its output has `vocab` columns), in call order."""
+
+    def __init__(self, vocab):
+        super().__init__()
+        self.vocab, self.rows = vocab, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket.__name__ in ("mm", "addmm") and out.dim() == 2 and out.shape[1] == self.vocab:
+            self.rows.append(out.shape[0])
+        return out
+
+
+@pytest.mark.parametrize("name", ["baseline", "unified"])
+def test_fused_head_never_materializes_more_than_one_chunk_of_logits(name):
+    model = build_model(preset_model_cfg(name), seed=0)
     x, y = torch.randint(0, 67, (4, 16)), torch.randint(0, 67, (4, 16))
-    model(x, y, loss_chunk=16).backward()
-    assert rows == [16] * 4  # four chunks of 16 rows, each run once: no full-logits pass, no recomputation
-    rows.clear()
-    with torch.no_grad():  # evaluation: the same chunks, without gradients
+    with LogitsRows(model.cfg.padded_vocab) as products:
+        model(x, y, loss_chunk=16).backward()
+    assert products.rows == [16] * 4  # four chunks of 16 rows, each run once: no full-logits pass, no recomputation
+    with torch.no_grad(), LogitsRows(model.cfg.padded_vocab) as products:  # evaluation: the same chunks
         no_grad = model(x, y, loss_chunk=16)
-    assert rows == [16] * 4 and not no_grad.requires_grad
+    assert products.rows == [16] * 4 and not no_grad.requires_grad
     assert torch.allclose(no_grad, model(x, y, loss_chunk=0), rtol=bound(torch.float32, 64), atol=0)  # 64 rows
 
 
@@ -212,3 +225,55 @@ def test_fused_head_compiled_on_cuda_bf16_matches_the_plain_path(name):
     for n, g in ref.items():
         err = (grads[n].float() - g.float()).norm() / max(g.float().norm(), terms(ref, n).float().norm())
         assert err.item() < 8 * eps, (n, err.item())
+
+
+def dnp_chunk_inputs(dtype, n=37, vocab=101):
+    gen = torch.Generator().manual_seed(5)
+    z = (3 * torch.randn(n, vocab, generator=gen, dtype=torch.float64)).to(dtype)
+    u = (0.5 + torch.rand(vocab, generator=gen, dtype=torch.float64)).to(dtype)
+    targets = torch.randint(0, vocab, (n,), generator=gen)
+    return z, u, targets, torch.tensor(1 / 50, dtype=torch.promote_types(dtype, torch.float32))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_the_dnp_heads_eager_and_graph_forms_agree(dtype):
+    """The vocabulary-Norm chunk in place (eager runs) and as the compiled graphs' functional form (run here
+    uncompiled): the same formulas, so equal to the rounding of their fp32 (fp64) arithmetic over 101 logits."""
+    from model.loss import _vocab_norm_eager, _vocab_norm_grad_u, _vocab_norm_rows
+    z, u, targets, inv_rows = dnp_chunk_inputs(dtype)
+    loss, dz, r, lse = _vocab_norm_rows(z, u, targets, inv_rows, 1e-6, 101)
+    grad_u = _vocab_norm_grad_u(z, u, targets, inv_rows, r, lse)
+    got_loss, got_dz, got_u = _vocab_norm_eager(z.clone(), u, targets, inv_rows, 1e-6, 101)
+    tol = bound(inv_rows.dtype, 101)
+    assert got_dz.dtype == dz.dtype == dtype and got_u.dtype == grad_u.dtype == inv_rows.dtype
+    assert torch.allclose(got_loss, loss, rtol=tol, atol=0)
+    # ∂/∂z in the logits' dtype: both round the same fp32 value, so at most one bf16 ulp apart
+    dz_tol = max(tol, 2 * torch.finfo(dtype).eps)
+    assert torch.allclose(got_dz.double(), dz.double(), rtol=0, atol=dz_tol * dz.double().abs().max())
+    assert torch.allclose(got_u, grad_u, rtol=0, atol=tol * grad_u.abs().max())
+
+
+class FreshBuffers(TorchDispatchMode):
+    """The storages of every (rows × vocab) tensor an op returns that no earlier op returned: allocations of the size
+    of a chunk's logits."""
+
+    def __init__(self, numel):
+        super().__init__()
+        self.numel, self.seen = numel, set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor) and out.numel() == self.numel:
+            self.seen.add(out.untyped_storage().data_ptr())
+        return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_eager_dnp_head_holds_three_chunk_buffers(dtype):
+    """The eager chunk of a DNP head allocates three (n, V) buffers in fp32 and, for bf16 logits, ∂/∂z in bf16:
+    the baseline's cross-entropy has as many (its fp32 logits, their log-softmax and its gradient)."""
+    from model.loss import _vocab_norm_eager
+    z, u, targets, inv_rows = dnp_chunk_inputs(dtype)
+    with FreshBuffers(z.numel()) as fresh:
+        _vocab_norm_eager(z, u, targets, inv_rows, 1e-6, 101)
+    assert len(fresh.seen) == (3 if dtype == torch.float32 else 4)

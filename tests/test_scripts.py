@@ -24,7 +24,7 @@ def test_bench_prints_every_design(capsys):
             "--micro-batch", "2", "--seq-len", "16", "--device", "cpu",
             "model.d_model=32", "model.n_layers=1", "model.n_heads=2", "train.compile=false", "train.dtype=float32",
             "--no-hf-reference",
-            "--no-memory"]
+            "--no-memory", "--no-footprint"]
     assert bench.main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
     rows = {line.split()[0]: line.split() for line in lines[2:]}
@@ -36,7 +36,8 @@ def test_bench_compares_models(capsys):
     """--models: an MoE against the dense model of its activated size, each with its own overrides."""
     argv = ["--models", "configs/tiny_moe.yaml model.moe.n_experts=4 model.moe.top_k=2",
             "configs/tiny_cpu.yaml model.d_ffn=64", "--presets", "baseline", "--steps", "2", "--warmup", "1",
-            "--no-memory", "--vocab-size", "128", "--micro-batch", "2", "--seq-len", "16", "--device", "cpu",
+            "--no-memory", "--no-footprint", "--vocab-size", "128", "--micro-batch", "2", "--seq-len", "16",
+            "--device", "cpu",
             "model.d_model=32", "model.n_layers=1", "model.n_heads=2", "train.compile=false",
             "train.dtype=float32"]
     assert bench.main(argv) == 0
