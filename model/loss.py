@@ -14,8 +14,9 @@ head's matmuls exactly once each (no recomputation). The chunk runs the real mod
 with detached leaves), so every design's head is covered by the code that defines it in model/scaling.py.
 Rows are whole vocabulary rows: DNP's inner Norm over the vocabulary needs all of a row's logits.
 
-A head with DNP's vocabulary Norm (the unified design's) takes its own chunk step, `_vocab_norm_chunk`: the Norm, u
-and the cross-entropy forward and backward written out over the chunk's logits, autograd only for the small parts.
+A head with DNP's vocabulary Norm (the unified design's) takes its own path, `_vocab_norm_head`: per chunk the Norm,
+u and the cross-entropy forward and backward written out over the chunk's logits; autograd only for the small parts
+(the final norm over the rows, u), once per micro-batch.
 
 The head weight's gradient, the largest (V × d: 50,304 × 768), is added straight into its fp32 buffer by the chunk's
 matmul (`_HeadMatmul`: buffer += Gᵀ x with `addmm_`) rather than formed as a fresh (V, d) tensor per chunk and then
@@ -75,8 +76,7 @@ def head_loss(norm: nn.Module, lm_head: nn.Module, h: torch.Tensor, targets: tor
     names = [[n for n, _ in m.named_parameters()] for m in modules]
     params = [p for m in modules for p in m.parameters()]
     if torch.is_grad_enabled() and (h.requires_grad or any(p.requires_grad for p in params)):
-        fn = _vocab_norm_chunk(compiled) if _has_vocab_norm(lm_head) else _autograd_chunk(compiled)
-        return _FusedHeadLoss.apply(h, targets, chunk, fn, modules, names, *params)
+        return _FusedHeadLoss.apply(h, targets, chunk, compiled, modules, names, *params)
     with torch.no_grad():  # eval: chunks without gradients
         total = sum(_cross_entropy_sum(lm_head(norm(h[s:s + chunk])), targets[s:s + chunk])
                     for s in range(0, h.shape[0], chunk))
@@ -181,15 +181,19 @@ def _compiled(fn: Callable, backend: Optional[str]) -> Callable:
     return _COMPILED[fn, backend]
 
 
-def _autograd_chunk(backend: Optional[str]) -> Callable:
-    """The chunk step of every head without a vocabulary Norm: Σ CE through the real modules, its backward from
-    autograd (the whole chunk compiled by `backend`, forward and backward one graph each)."""
+def _autograd_chunks(modules: tuple[nn.Module, nn.Module], params: Sequence[dict], h: torch.Tensor,
+                     targets: torch.Tensor, chunk: int, inv_rows: torch.Tensor, weight_grad: Optional[torch.Tensor],
+                     mode: str, backend: Optional[str], grad_h: bool):
+    """Every head without a vocabulary Norm, one chunk at a time: yields (the chunk's leaf of h, Σ CE · c, roots,
+    their gradients) per chunk, the chunk's Σ CE through the real modules and its backward from autograd (the chunk
+    compiled by `backend`, forward and backward one graph each), which the caller runs before the next chunk's
+    forward."""
     chunk_loss = _compiled(_chunk_loss_sum, backend)
-
-    def step(modules, params, h_c, targets_c, weight_grad, mode, inv_rows):
-        sum_c = chunk_loss(modules, params, h_c, targets_c, weight_grad, mode)
-        return sum_c, [sum_c], [inv_rows]
-    return step
+    for s in range(0, h.shape[0], chunk):
+        h_c = h[s:s + chunk].detach().requires_grad_(grad_h)  # (n, d)
+        with torch.enable_grad():
+            sum_c = chunk_loss(modules, params, h_c, targets[s:s + chunk], weight_grad, mode)
+        yield h_c, sum_c.detach() * inv_rows, [sum_c], [inv_rows]
 
 
 def _has_vocab_norm(lm_head: nn.Module) -> bool:
@@ -197,25 +201,36 @@ def _has_vocab_norm(lm_head: nn.Module) -> bool:
     return getattr(lm_head, "inner", None) is not None
 
 
-def _vocab_norm_chunk(backend: Optional[str]) -> Callable:
-    """The chunk step of a head with DNP's vocabulary Norm, y = u ⊙ Norm(W (v ⊙ x)) over the vocabulary.
+def _vocab_norm_head(modules: tuple[nn.Module, nn.Module], params: Sequence[dict], h: torch.Tensor,
+                     targets: torch.Tensor, chunk: int, inv_rows: torch.Tensor, weight_grad: Optional[torch.Tensor],
+                     mode: str, backend: Optional[str], grad_h: bool):
+    """The head with DNP's vocabulary Norm, y = u ⊙ Norm(W (v ⊙ x)) over the vocabulary, on all N rows: yields once
+    (h's leaf, Σ CE · c, the roots of its backward, their gradients).
 
-    Autograd covers only the small tensors: the final norm and v on the chunk's rows (n, d), and u = out_scale()
-    (V,) from its α and β. Everything of size (n, V) is `_vocab_norm_core`, whose backward is written out: no graph,
-    no saved (n, V) tensors, and compiled it is row passes over the logits, where autograd's partitioner kept fp32
-    (n, V) buffers between a forward and a backward graph (logits, the Norm's output, the softmax)."""
-    def step(modules, params, h_c, targets_c, weight_grad, mode, inv_rows):
-        norm, head = modules
-        a = functional_call(norm, params[0], (h_c,))  # (n, d)
+    Autograd covers only the small tensors, once per micro-batch: the final norm and v over the rows, a (N, d), and
+    u = out_scale() (V,) from its α and β. Everything of size (rows, V) is `_vocab_norm_core`, one chunk at a time,
+    whose backward is written out: no graph and no saved (rows, V) tensors, where autograd's partitioner kept fp32
+    (rows, V) buffers between a forward and a backward graph (logits, the Norm's output, the softmax). The chunks'
+    ∂/∂a fill one (N, d) buffer and their ∂/∂u add up in fp32; one backward through the small parts follows."""
+    norm, head = modules
+    h = h.detach().requires_grad_(grad_h)
+    with torch.enable_grad():
+        a = functional_call(norm, params[0], (h,))  # (N, d)
         if head.in_scale is not None:
             a = a * functional_call(head.in_scale, _under(params[1], "in_scale"), ())
         u = functional_call(head.out_scale, _under(params[1], "out_scale"), ())  # (V,)
-        inner = head.inner
-        sum_c, grad_a, grad_u = _vocab_norm_core(a.detach(), params[1]["weight"].detach().to(a.dtype), u.detach(),
-                                                 targets_c, inv_rows, inner.eps, inner.logical or inner.dim,
-                                                 weight_grad, mode, backend)
-        return sum_c, [a, u], [grad_a.to(a.dtype), grad_u.to(u.dtype)]
-    return step
+    w, inner = params[1]["weight"].detach().to(a.dtype), head.inner
+    rows = a.detach()
+    grad_a = torch.empty_like(rows)  # (N, d)
+    grad_u = torch.zeros(u.shape, dtype=_acc(u.dtype), device=u.device)  # (V,)
+    loss = torch.zeros((), dtype=inv_rows.dtype, device=h.device)
+    for s in range(0, rows.shape[0], chunk):
+        sum_c, grad_a[s:s + chunk], grad_u_c = _vocab_norm_core(
+            rows[s:s + chunk], w, u.detach(), targets[s:s + chunk], inv_rows, inner.eps, inner.logical or inner.dim,
+            weight_grad, mode, backend)
+        grad_u += grad_u_c
+        loss += sum_c * inv_rows
+    yield h, loss, [a, u], [grad_a, grad_u.to(u.dtype)]
 
 
 def _under(params: dict, prefix: str) -> dict:
@@ -323,7 +338,7 @@ def _acc(dtype: torch.dtype) -> torch.dtype:
 
 class _FusedHeadLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h: torch.Tensor, targets: torch.Tensor, chunk: int, fn: Callable,
+    def forward(ctx, h: torch.Tensor, targets: torch.Tensor, chunk: int, compiled: Optional[str],
                 modules: tuple[nn.Module, nn.Module], names: Sequence[Sequence[str]],
                 *params: torch.Tensor) -> torch.Tensor:
         n_rows = h.shape[0]
@@ -348,20 +363,21 @@ class _FusedHeadLoss(torch.autograd.Function):
             _add_gemm()  # registered here, in eager: a compiled chunk's backward only calls it
         wrt = [(i, leaf) for i, (leaf, w) in enumerate(zip(leaves, wants)) if w]
         loss = torch.zeros((), dtype=_acc(h.dtype), device=h.device)
-        for s in range(0, n_rows, chunk):
-            h_c = h[s:s + chunk].detach().requires_grad_(grad_h is not None)  # (n, d)
-            with torch.enable_grad():  # Σ CE over the rows; the roots of the chunk's backward and their gradients
-                sum_c, roots, root_grads = fn(modules, by_module, h_c, targets[s:s + chunk], weight_grad, mode,
-                                              inv_rows)
-            inputs = ([h_c] if grad_h is not None else []) + [leaf for _, leaf in wrt]
+        parts = _vocab_norm_head if _has_vocab_norm(modules[1]) else _autograd_chunks
+        s = 0  # the first row of the part
+        for h_part, loss_part, roots, root_grads in parts(modules, by_module, h, targets, chunk, inv_rows,
+                                                          weight_grad, mode, compiled, grad_h is not None):
+            # the part's backward at once: into its rows of grad_h and the parameters' fp32 sums
+            inputs = ([h_part] if grad_h is not None else []) + [leaf for _, leaf in wrt]
             grads = list(torch.autograd.grad(roots, inputs, grad_outputs=root_grads, allow_unused=True)
-                         if inputs and roots else [None] * len(inputs))
+                         if inputs else [])
             if grad_h is not None:
-                grad_h[s:s + chunk] = grads.pop(0)
+                grad_h[s:s + h_part.shape[0]] = grads.pop(0)
             for (i, _), g in zip(wrt, grads):
                 if g is not None and not (in_place and i == i_w):
                     grad_params[i] += g  # fp32 accumulation over chunks
-            loss += sum_c.detach() * inv_rows
+            loss += loss_part
+            s += h_part.shape[0]
         ctx.save_for_backward(grad_h, *[g for g in grad_params if g is not None])
         ctx.has_grad_h, ctx.wants = grad_h is not None, wants
         ctx.param_dtypes = [p.dtype for p in params]
