@@ -254,38 +254,48 @@ def _vocab_norm_core(a: torch.Tensor, w: torch.Tensor, u: torch.Tensor, targets:
     (the Norm's backward, as `_Norm` writes it; s through l = u ⊙ y, so a row's s comes from the pass that makes its
     logsumexp). ∂/∂z is cast to the logits' dtype, as autograd's would be, before the two matmuls.
 
-    Compiled (`backend`), two graphs: the rows (statistics, then ∂/∂z) and the column sum ∂/∂u, which recomputes
-    the softmax from z; in one graph inductor's CPU kernel fuses both and runs about 1.6x slower than the two apart.
+    Compiled (`backend`), three graphs, each one pass over z: the row statistics, the column sum ∂/∂u, then ∂/∂z
+    written over z itself, so a chunk holds one (n, V) tensor as the baseline's does. As one graph, inductor's CPU
+    kernel fuses the column sum into the row passes and runs 1.1–1.6x slower, with an fp32 (n, V) buffer besides.
     Eager, `_vocab_norm_eager`: the same arithmetic in place, three (n, V) buffers."""
     z = F.linear(a, w)  # (n, V): the chunk's logits before the Norm
     if backend is None:
         sum_ce, dz, grad_u = _vocab_norm_eager(z, u, targets, inv_rows, eps, width)
     else:
-        sum_ce, dz, r, lse = _compiled(_vocab_norm_rows, backend)(z, u, targets, inv_rows, eps, width)
+        sum_ce, r, lse, s = _compiled(_vocab_norm_stats, backend)(z, u, targets, inv_rows, eps, width)
         grad_u = _compiled(_vocab_norm_grad_u, backend)(z, u, targets, inv_rows, r, lse)
+        _compiled(_vocab_norm_dz_, backend)(z, u, targets, inv_rows, r, lse, s)  # z ← ∂/∂z, in place
+        dz = z
     grad_a = dz.mm(w)  # (n, d)
     if weight_grad is not None:
         _add_gemm()(weight_grad, dz.t(), a, mode)
     return sum_ce, grad_a, grad_u
 
 
-def _vocab_norm_rows(z: torch.Tensor, u: torch.Tensor, targets: torch.Tensor, inv_rows: torch.Tensor, eps: float,
-                     width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The row passes of `_vocab_norm_core`: (Σ CE, ∂/∂z (n, V) in z's dtype, r (n, 1), logsumexp (n, 1))."""
+def _vocab_norm_stats(z: torch.Tensor, u: torch.Tensor, targets: torch.Tensor, inv_rows: torch.Tensor, eps: float,
+                      width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The row statistics of `_vocab_norm_core`: (Σ CE, r (n, 1), logsumexp (n, 1), s (n, 1))."""
     acc = _acc(z.dtype)
     z32 = z.to(acc)
     r = torch.rsqrt(z32.square().sum(-1, keepdim=True) / width + eps)  # (n, 1)
-    y = z32 * r
-    logits = y * u.to(acc)  # (n, V)
+    logits = z32 * r * u.to(acc)  # (n, V)
     m = logits.amax(-1, keepdim=True)  # (n, 1): the exponentials' range
     e = torch.exp(logits - m)  # one pass makes both row sums below
     total = e.sum(-1, keepdim=True)  # (n, 1)
     lse = m + torch.log(total)
     l_t = logits.gather(1, targets[:, None])  # (n, 1)
     s = inv_rows * ((e * logits).sum(-1, keepdim=True) / total - l_t) / width  # (n, 1): c (Σ_j p_j l_j − l_t) / V
-    dl = inv_rows * (torch.exp(logits - lse) - _onehot(targets, z.shape[1]).to(acc))  # (n, V)
-    dz = (r * (dl * u.to(acc) - y * s)).to(z.dtype)
-    return (lse - l_t).sum(), dz, r, lse
+    return (lse - l_t).sum(), r, lse, s
+
+
+def _vocab_norm_dz_(z: torch.Tensor, u: torch.Tensor, targets: torch.Tensor, inv_rows: torch.Tensor,
+                    r: torch.Tensor, lse: torch.Tensor, s: torch.Tensor) -> None:
+    """z ← ∂/∂z = r (u ⊙ ∂/∂l − y·s) of `_vocab_norm_core`, in z's dtype, each element written where it was read."""
+    acc = _acc(z.dtype)
+    y = z.to(acc) * r  # (n, V)
+    u32 = u.to(acc)
+    dl = inv_rows * (torch.exp(y * u32 - lse) - _onehot(targets, z.shape[1]).to(acc))
+    z.copy_((r * (dl * u32 - y * s)).to(z.dtype))
 
 
 def _vocab_norm_grad_u(z: torch.Tensor, u: torch.Tensor, targets: torch.Tensor, inv_rows: torch.Tensor,
@@ -299,7 +309,7 @@ def _vocab_norm_grad_u(z: torch.Tensor, u: torch.Tensor, targets: torch.Tensor, 
 
 def _vocab_norm_eager(z: torch.Tensor, u: torch.Tensor, targets: torch.Tensor, inv_rows: torch.Tensor, eps: float,
                       width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`_vocab_norm_rows` and `_vocab_norm_grad_u` for eager runs: (Σ CE, ∂/∂z in z's dtype, ∂/∂u). Op for op the
+    """The compiled graphs' arithmetic for eager runs: (Σ CE, ∂/∂z in z's dtype, ∂/∂u). Op for op the
     same formulas, but each pass writes into one of three (n, V) buffers in at least fp32 (y, then the logits and the
     softmax, then ∂/∂l) where the functional form would leave a fresh tensor per op (tests/test_loss.py holds the
     two to fp64 rounding)."""

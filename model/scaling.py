@@ -11,13 +11,14 @@ present vector — never a diag() matrix or the product u vᵀ ⊙ W.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from model.config import Role, ScaleConfig
 
@@ -241,8 +242,15 @@ def recomputed(fn: Callable, *args):
     (docs/design.md, "The scale-vector model"). Eager, fn(*args): there the chain's output is saved by the next op
     anyway, so recomputing would cost time and save nothing. The same ops either way, so the same numbers."""
     if torch.compiler.is_compiling():
-        return checkpoint(fn, *args, use_reentrant=False)
+        return checkpoint(fn, *args, use_reentrant=False,
+                          context_fn=functools.partial(create_selective_checkpoint_contexts, _save_statistics))
     return fn(*args)
+
+
+def _save_statistics(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    """`recomputed`'s policy: keep each Norm's r = (mean x² + eps)^(-1/2), one fp32 number per normalized row, so
+    backward does not read the row again to recompute it; recompute the rest."""
+    return CheckpointPolicy.MUST_SAVE if op is torch.ops.aten.rsqrt.default else CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def _fold(w: torch.Tensor, v: Optional[torch.Tensor], u: Optional[torch.Tensor]) -> torch.Tensor:

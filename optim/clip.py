@@ -44,7 +44,10 @@ def _local_grads(params: Iterable[Tensor]) -> tuple[dict, list[Tensor], list[Ten
 
 
 def _norm_squared(grads: list[Tensor]) -> Tensor:
-    return torch.nn.utils.get_total_norm(grads, norm_type=2.0).float().square()
+    """Σ g² over `grads`, in their dtype but at least fp32: an fp64 run's ranks add fp64 partial sums, so the norm
+    on 1 rank and on 2 differs by fp64 rounding, not by an fp32 rounding of each rank's part."""
+    norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+    return norm.to(torch.promote_types(norm.dtype, torch.float32)).square()
 
 
 def _total(sharded: dict, plain: list[Tensor], other: list[Tensor]) -> Tensor:
@@ -57,16 +60,17 @@ def _total(sharded: dict, plain: list[Tensor], other: list[Tensor]) -> Tensor:
         squares.append(_norm_squared(plain))
     if other:
         norm = torch.nn.utils.get_total_norm([p.grad for p in other], norm_type=2.0)
-        squares.append((norm.full_tensor() if isinstance(norm, DTensor) else norm).float().square())
+        norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
+        squares.append(norm.to(torch.promote_types(norm.dtype, torch.float32)).square())
     if not squares:
         return torch.zeros(())
-    device = squares[0].device
-    return torch.stack([s.to(device) for s in squares]).sum().sqrt()
+    device, dtype = squares[0].device, max((s.dtype for s in squares), key=lambda t: torch.finfo(t).bits)
+    return torch.stack([s.to(device, dtype) for s in squares]).sum().sqrt().float()
 
 
 def grad_norm(params: Iterable[Tensor]) -> Tensor:
     """The global L2 norm of the gradients of `params` (None grads skipped): a plain 0-dim fp32 tensor, the same on
-    every rank."""
+    every rank, summed in the gradients' dtype (at least fp32)."""
     return _total(*_local_grads(params))
 
 

@@ -49,8 +49,12 @@ def reset_peak_rss() -> Optional[float]:
     return proc_status_mib("VmRSS")
 
 
-def memory_probe(design: Design, di, batches, seq_len: int, n_steps: int) -> dict:
-    """Run in a child process of its own: the growth of peak RSS over building and stepping this one design."""
+def memory_probe(design: Design, di, batches, seq_len: int, n_steps: int, warmup: int = 0) -> dict:
+    """Run in a child process of its own: the growth of peak RSS over building and stepping this one design, from
+    the resident set before it was built. With `warmup` > 0 the peak is that of the steps after the first `warmup`
+    (the high-water mark reset there, the heap's free memory handed back first): what a step holds once compiled,
+    as max_memory_allocated measures it on CUDA, and not the compiler's transients, which vary by 10-20 % of a tiny
+    model's peak from one run to the next."""
     # A miniature of the same design first (1 layer, width 8 per head, vocab 64, no compile): the lazy imports and
     # one-time setup of the first build and step (thread pools, kernel tables, the modeling modules transformers
     # loads on first use) happen there, so they are not counted as this design's memory.
@@ -70,7 +74,9 @@ def memory_probe(design: Design, di, batches, seq_len: int, n_steps: int) -> dic
     reset = reset_peak_rss()
     before = reset if reset is not None else max_rss_mib()
     runner = build(design, di, seq_len, batches)
-    for _ in range(n_steps):
+    for i in range(n_steps):
+        if i == warmup and warmup > 0 and reset is not None:
+            reset_peak_rss()  # the peak from here on; still measured from `before`
         runner.step()
     after = (proc_status_mib("VmHWM") if reset is not None else None) or max_rss_mib()
     return {"design": design.name, "peak_mib": max(0.0, after - before),

@@ -21,10 +21,12 @@ designs hold (their parameters and optimizer state) — the caching allocator co
 do not blur each other. CPU: the process's resident set cannot be split between designs that share it, so each
 design also runs alone in a child process of its own (`--memory-probe`; all at once by default, which changes no
 process's own peak, and done before the timing process builds its models): its peak RSS over the same warmup +
-timed steps on the same batches (resource.getrusage ru_maxrss) minus the RSS it had after its imports and one step
-of a miniature of itself (which takes the lazy imports and one-time setup out of the count), before building the
-model. That growth is the parameters, gradients, optimizer state, activations and what the allocator keeps, under
-the same glibc setting as training (runtime/cpu.py); with --compile it includes the compiler's own Python-side memory.
+timed steps on the same batches, the high-water mark reset after the warmup steps (/proc/self/clear_refs; else
+resource.getrusage ru_maxrss over all steps), minus the RSS it had after its imports and one step of a miniature of
+itself (which takes the lazy imports and one-time setup out of the count), before building the model. That growth
+is the parameters, gradients, optimizer state, activations, compiled code and what the allocator keeps, under the
+same glibc setting as training (runtime/cpu.py); the compiler's transients during the warmup are not in it, as they
+are not in CUDA's max_memory_allocated.
 
 Reference row `hf-llama` (--hf-reference; on by default when transformers is installed and the first model is dense):
 transformers' LlamaForCausalLM with the first model's shapes (model/hf.py's config: padded vocab, untied
@@ -109,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         batches = None if args.data else make_batches(n_steps, B, T, cfg0.model.vocab_size, di.device)
         if args.memory_probe is not None:
-            print(json.dumps(memory_probe(designs[args.memory_probe], di, batches, T, n_steps)))
+            print(json.dumps(memory_probe(designs[args.memory_probe], di, batches, T, n_steps, args.warmup)))
             return 0
         for note in notes:
             print(f"note: {note}", file=sys.stderr)

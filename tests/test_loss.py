@@ -239,10 +239,12 @@ def dnp_chunk_inputs(dtype, n=37, vocab=101):
 def test_the_dnp_heads_eager_and_graph_forms_agree(dtype):
     """The vocabulary-Norm chunk in place (eager runs) and as the compiled graphs' functional form (run here
     uncompiled): the same formulas, so equal to the rounding of their fp32 (fp64) arithmetic over 101 logits."""
-    from model.loss import _vocab_norm_eager, _vocab_norm_grad_u, _vocab_norm_rows
+    from model.loss import _vocab_norm_dz_, _vocab_norm_eager, _vocab_norm_grad_u, _vocab_norm_stats
     z, u, targets, inv_rows = dnp_chunk_inputs(dtype)
-    loss, dz, r, lse = _vocab_norm_rows(z, u, targets, inv_rows, 1e-6, 101)
+    loss, r, lse, s = _vocab_norm_stats(z, u, targets, inv_rows, 1e-6, 101)
     grad_u = _vocab_norm_grad_u(z, u, targets, inv_rows, r, lse)
+    dz = z.clone()
+    _vocab_norm_dz_(dz, u, targets, inv_rows, r, lse, s)
     got_loss, got_dz, got_u = _vocab_norm_eager(z.clone(), u, targets, inv_rows, 1e-6, 101)
     tol = bound(inv_rows.dtype, 101)
     assert got_dz.dtype == dz.dtype == dtype and got_u.dtype == grad_u.dtype == inv_rows.dtype
