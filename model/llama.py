@@ -6,6 +6,7 @@ Names follow Hugging Face's Llama (q_proj, gate_proj, …) so export is a renami
 """
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 from dataclasses import replace
@@ -41,21 +42,24 @@ class Attention(nn.Module):
     def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """h: (B, T, d) normalized input → (B, T, d)."""
         B, T, _ = h.shape
-
-        def heads(n: int, norm: Optional[Norm] = None, rope: bool = True):  # (B, T, n·hd) → (B, T, n, hd)
-            def then(t: torch.Tensor) -> torch.Tensor:
-                t = (t if norm is None else norm(t)).view(B, T, n, self.head_dim)
-                return apply_rope(t, cos, sin) if rope else t
-            return then
-        # Each branch's chain after its matmul (DNP's Norm, u, the Gemma Q/K-Norm, RoPE) is one `then`, which
+        # Each branch's chain after its matmul (DNP's Norm, u, the Gemma Q/K-Norm, RoPE) ends in one `then`, which
         # ScaledLinear recomputes in backward when compiled: the block saves what the baseline's saves
-        q = self.q_proj(h, then=heads(self.n_heads, self.q_norm))  # (B, T, H, hd)
-        k = self.k_proj(h, then=heads(self.n_kv_heads, self.k_norm))  # (B, T, KV, hd)
-        v = self.v_proj(h, then=heads(self.n_kv_heads, rope=False))  # (B, T, KV, hd)
+        q = self.q_proj(h, then=functools.partial(_heads, shape=(B, T, self.n_heads, self.head_dim), norm=self.q_norm,
+                                                  rope=(cos, sin)))  # (B, T, H, hd)
+        k = self.k_proj(h, then=functools.partial(_heads, shape=(B, T, self.n_kv_heads, self.head_dim),
+                                                  norm=self.k_norm, rope=(cos, sin)))  # (B, T, KV, hd)
+        v = self.v_proj(h, then=functools.partial(_heads, shape=(B, T, self.n_kv_heads, self.head_dim)))
         y = F.scaled_dot_product_attention(  # (B, H, T, hd)
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
             enable_gqa=self.n_kv_heads != self.n_heads)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+
+
+def _heads(t: torch.Tensor, shape: tuple[int, int, int, int], norm: Optional[Norm] = None,
+           rope: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
+    """A q/k/v branch's output (B, T, n·hd) → (B, T, n, hd): the Gemma Q/K-Norm if any, then RoPE with (cos, sin)."""
+    t = (t if norm is None else norm(t)).view(shape)
+    return t if rope is None else apply_rope(t, *rope)
 
 
 class MLP(nn.Module):

@@ -203,9 +203,9 @@ def _has_vocab_norm(lm_head: nn.Module) -> bool:
 
 def _vocab_norm_head(modules: tuple[nn.Module, nn.Module], params: Sequence[dict], h: torch.Tensor,
                      targets: torch.Tensor, chunk: int, inv_rows: torch.Tensor, weight_grad: Optional[torch.Tensor],
-                     mode: str, backend: Optional[str], grad_h: bool):
-    """The head with DNP's vocabulary Norm, y = u ⊙ Norm(W (v ⊙ x)) over the vocabulary, on all N rows: yields once
-    (h's leaf, Σ CE · c, the roots of its backward, their gradients).
+                     mode: str, backend: Optional[str], grad_h: bool) -> list[tuple]:
+    """The head with DNP's vocabulary Norm, y = u ⊙ Norm(W (v ⊙ x)) over the vocabulary, on all N rows, as one part:
+    [(h's leaf, Σ CE · c, the roots of its backward, their gradients)].
 
     Autograd covers only the small tensors, once per micro-batch: the final norm and v over the rows, a (N, d), and
     u = out_scale() (V,) from its α and β. Everything of size (rows, V) is `_vocab_norm_core`, one chunk at a time,
@@ -230,7 +230,7 @@ def _vocab_norm_head(modules: tuple[nn.Module, nn.Module], params: Sequence[dict
             weight_grad, mode, backend)
         grad_u += grad_u_c
         loss += sum_c * inv_rows
-    yield h, loss, [a, u], [grad_a, grad_u.to(u.dtype)]
+    return [(h, loss, [a, u], [grad_a, grad_u.to(u.dtype)])]
 
 
 def _under(params: dict, prefix: str) -> dict:
@@ -256,7 +256,7 @@ def _vocab_norm_core(a: torch.Tensor, w: torch.Tensor, u: torch.Tensor, targets:
 
     Compiled (`backend`), three graphs, each one pass over z: the row statistics, the column sum ∂/∂u, then ∂/∂z
     written over z itself, so a chunk holds one (n, V) tensor as the baseline's does. As one graph, inductor's CPU
-    kernel fuses the column sum into the row passes and runs 1.1–1.6x slower, with an fp32 (n, V) buffer besides.
+    kernel fuses the column sum into the row passes, runs slower and keeps an fp32 (n, V) buffer besides.
     Eager, `_vocab_norm_eager`: the same arithmetic in place, three (n, V) buffers."""
     z = F.linear(a, w)  # (n, V): the chunk's logits before the Norm
     if backend is None:
@@ -291,20 +291,24 @@ def _vocab_norm_stats(z: torch.Tensor, u: torch.Tensor, targets: torch.Tensor, i
 def _vocab_norm_dz_(z: torch.Tensor, u: torch.Tensor, targets: torch.Tensor, inv_rows: torch.Tensor,
                     r: torch.Tensor, lse: torch.Tensor, s: torch.Tensor) -> None:
     """z ← ∂/∂z = r (u ⊙ ∂/∂l − y·s) of `_vocab_norm_core`, in z's dtype, each element written where it was read."""
-    acc = _acc(z.dtype)
-    y = z.to(acc) * r  # (n, V)
-    u32 = u.to(acc)
-    dl = inv_rows * (torch.exp(y * u32 - lse) - _onehot(targets, z.shape[1]).to(acc))
-    z.copy_((r * (dl * u32 - y * s)).to(z.dtype))
+    y, dl = _vocab_norm_dl(z, u, targets, inv_rows, r, lse)
+    z.copy_((r * (dl * u.to(y.dtype) - y * s)).to(z.dtype))
 
 
 def _vocab_norm_grad_u(z: torch.Tensor, u: torch.Tensor, targets: torch.Tensor, inv_rows: torch.Tensor,
                        r: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
-    """∂/∂u = Σ_rows c (p − onehot_t) ⊙ y of `_vocab_norm_core`, (V,), the softmax recomputed from z, r and lse."""
-    acc = _acc(z.dtype)
-    y = z.to(acc) * r  # (n, V)
-    dl = inv_rows * (torch.exp(y * u.to(acc) - lse) - _onehot(targets, z.shape[1]).to(acc))
+    """∂/∂u = Σ_rows ∂/∂l ⊙ y of `_vocab_norm_core`, (V,)."""
+    y, dl = _vocab_norm_dl(z, u, targets, inv_rows, r, lse)
     return (dl * y).sum(0)
+
+
+def _vocab_norm_dl(z: torch.Tensor, u: torch.Tensor, targets: torch.Tensor, inv_rows: torch.Tensor,
+                   r: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, ∂/∂l = c (p − onehot_t)), each (n, V) in at least fp32, the softmax recomputed from z, r and lse: the
+    expressions both passes after the statistics start from (compiled, they fuse into each pass, never stored)."""
+    acc = _acc(z.dtype)
+    y = z.to(acc) * r
+    return y, inv_rows * (torch.exp(y * u.to(acc) - lse) - _onehot(targets, z.shape[1]).to(acc))
 
 
 def _vocab_norm_eager(z: torch.Tensor, u: torch.Tensor, targets: torch.Tensor, inv_rows: torch.Tensor, eps: float,
@@ -365,15 +369,15 @@ class _FusedHeadLoss(torch.autograd.Function):
         # every other parameter's. In place, W's leaf still requires grad and is asked for (its "gradient" is None,
         # hence allow_unused) so that the backward runs even when nothing before the matmul wants a gradient.
         i_w = len(names[0]) + list(names[1]).index("weight")
-        in_place = grad_params[i_w] is not None and (_has_vocab_norm(modules[1])
-                                                     or not any(modules[1].folds(min(chunk, n_rows))))
+        vocab_norm = _has_vocab_norm(modules[1])  # its own path, which never folds a vector into W
+        in_place = grad_params[i_w] is not None and (vocab_norm or not any(modules[1].folds(min(chunk, n_rows))))
         weight_grad = grad_params[i_w] if in_place else None
         mode = _weight_grad_mode(params[i_w].dtype, weight_grad) if in_place else ""
         if in_place:
             _add_gemm()  # registered here, in eager: a compiled chunk's backward only calls it
         wrt = [(i, leaf) for i, (leaf, w) in enumerate(zip(leaves, wants)) if w]
         loss = torch.zeros((), dtype=_acc(h.dtype), device=h.device)
-        parts = _vocab_norm_head if _has_vocab_norm(modules[1]) else _autograd_chunks
+        parts = _vocab_norm_head if vocab_norm else _autograd_chunks
         s = 0  # the first row of the part
         for h_part, loss_part, roots, root_grads in parts(modules, by_module, h, targets, chunk, inv_rows,
                                                           weight_grad, mode, compiled, grad_h is not None):

@@ -6,12 +6,12 @@ multi-tensor call (`torch.nn.utils.get_total_norm` on plain tensors: `torch._for
 squares it, and one all-reduce over the mesh's process group adds the ranks. Clipping scales the local shards in
 place, one `torch._foreach_mul_` per device and dtype — the arithmetic of `torch.nn.utils.clip_grads_with_norm_`.
 The DTensor route (get_total_norm on DTensors, then `full_tensor()`, which torchtitan takes) computes the same sums
-but dispatches each tensor through DTensor: about 3x the host work for a design with many small tensors (OR's α
-and β). Plain tensors (one process, or parameters FSDP2 did not wrap, which every rank holds whole) are normed
+but dispatches each tensor through DTensor, which a design with many small tensors (OR's α and β) pays per tensor. Plain tensors (one process, or parameters FSDP2 did not wrap, which every rank holds whole) are normed
 separately and not reduced; a DTensor with any other layout takes the DTensor route.
 """
 from __future__ import annotations
 
+import functools
 from typing import Iterable
 
 import torch
@@ -43,28 +43,26 @@ def _local_grads(params: Iterable[Tensor]) -> tuple[dict, list[Tensor], list[Ten
     return sharded, plain, other
 
 
-def _norm_squared(grads: list[Tensor]) -> Tensor:
-    """Σ g² over `grads`, in their dtype but at least fp32: an fp64 run's ranks add fp64 partial sums, so the norm
-    on 1 rank and on 2 differs by fp64 rounding, not by an fp32 rounding of each rank's part."""
-    norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+def _squared(norm: Tensor) -> Tensor:
+    """norm², in its dtype but at least fp32: an fp64 run's ranks add fp64 partial sums, so the norm on 1 rank and
+    on 2 differs by fp64 rounding, not by an fp32 rounding of each rank's part."""
     return norm.to(torch.promote_types(norm.dtype, torch.float32)).square()
 
 
 def _total(sharded: dict, plain: list[Tensor], other: list[Tensor]) -> Tensor:
     squares = []
     for mesh, local in sharded.items():
-        sq = _norm_squared(local)
+        sq = _squared(torch.nn.utils.get_total_norm(local, norm_type=2.0))
         dist.all_reduce(sq, group=mesh.get_group())  # Σ over ranks of each rank's Σ of squares
         squares.append(sq)
     if plain:
-        squares.append(_norm_squared(plain))
+        squares.append(_squared(torch.nn.utils.get_total_norm(plain, norm_type=2.0)))
     if other:
         norm = torch.nn.utils.get_total_norm([p.grad for p in other], norm_type=2.0)
-        norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
-        squares.append(norm.to(torch.promote_types(norm.dtype, torch.float32)).square())
+        squares.append(_squared(norm.full_tensor() if isinstance(norm, DTensor) else norm))
     if not squares:
         return torch.zeros(())
-    device, dtype = squares[0].device, max((s.dtype for s in squares), key=lambda t: torch.finfo(t).bits)
+    device, dtype = squares[0].device, functools.reduce(torch.promote_types, (s.dtype for s in squares))
     return torch.stack([s.to(device, dtype) for s in squares]).sum().sqrt().float()
 
 

@@ -12,9 +12,8 @@
   CUDA the kernels launched. Compiled graphs count as their kernels (CUDA) or as one call each (CPU, where
   inductor's C++ kernels are not operators).
 
-Which of these transfer to a GPU: the saved bytes do (the partitioner decides them the same way on either
-device);
-the host ops outside compiled graphs do (FSDP2, clipping, the optimizer); the CPU's kernel count does not.
+Which of these transfer to a GPU: the saved bytes do (the partitioner decides them the same way on either device);
+the host ops outside compiled graphs do (FSDP2, clipping, the optimizer); the CPU's count of compiled calls does not.
 """
 from __future__ import annotations
 
