@@ -162,10 +162,10 @@ class Llama(nn.Module):
                 module.reset_parameters()
             elif isinstance(module, MoE):
                 module.reset_buffers()
-        logical = self.logical_shapes()
+        logical, roles = self.logical_shapes(), self.param_roles()
         for name, p in self.named_parameters():
-            if p.dim() < 2:
-                continue
+            if roles[name] in (Role.SCALE_INPUT, Role.SCALE_OUTPUT):
+                continue  # set to γ = 1 above; by role, not by shape: the experts' u_e are (E, d) stacks
             std = depth_std if name.endswith(("o_proj.weight", "down_proj.weight")) else self.cfg.init_std
             gen = torch.Generator(device=p.device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
             shape = logical.get(name, tuple(p.shape))

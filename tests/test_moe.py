@@ -417,3 +417,12 @@ def test_expert_branch_either_side_equals_the_formula(rows_per_expert, inner):
     for a, b in zip(torch.autograd.grad(got, [x, *br.parameters()], g),
                     torch.autograd.grad(ref, [x, *br.parameters()], g)):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)  # ≤ 27-row sums with the Norm's cancellation
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_vector_starts_at_one(preset):
+    """init sets γ = 1 for every vector (docs/paper.md §1.1), the routed experts' (E, d) stacks of u_e included: the
+    matrix draw goes by role, not by shape (it once drew those stacks, and OR's (E, 1) β, from N(0, init_std²))."""
+    for model in (build_model(moe_cfg(preset, n_shared=1)), build_model(_dense_twin(moe_cfg(preset)))):
+        for name, sv in model.scale_vectors():
+            assert torch.equal(sv(), torch.ones_like(sv())), name
