@@ -21,7 +21,8 @@ from model.config import ModelConfig, Role, ScaleConfig
 from model.loss import head_loss
 from model.moe import MoE
 from model.rope import apply_rope, rope_tables
-from model.scaling import ExpertBranch, GroupLayout, Norm, ScaledLinear, ScaleVector, extra_norm, group_layout
+from model.scaling import ExpertBranch, GroupLayout, Norm, ScaledLinear, extra_norm, group_layout
+from model.vectors import ScaleBank, ScaleVector, bank_scale_vectors
 
 
 class Attention(nn.Module):
@@ -100,6 +101,8 @@ class Block(nn.Module):
         self.mlp = ffn(cfg, ffn_layout)
         self.attn_out_norm = extra_norm(cfg.scale, d, eps) if cfg.gemma_norms else None
         self.ffn_out_norm = extra_norm(cfg.scale, d, eps) if cfg.gemma_norms else None
+        # The block's vectors as one bank per role (model/scaling.py, ScaleBank): `scales.input.alpha`, …
+        self.scales = bank_scale_vectors(self)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         a = self.attn(self.attn_norm(x), cos, sin)
@@ -158,7 +161,7 @@ class Llama(nn.Module):
         with zeros, so the padding never changes a value: the logical weights are those of the unpadded model."""
         depth_std = self.cfg.init_std / math.sqrt(2 * self.cfg.n_layers)
         for module in self.modules():
-            if isinstance(module, ScaleVector):
+            if isinstance(module, (ScaleVector, ScaleBank)):
                 module.reset_parameters()
             elif isinstance(module, MoE):
                 module.reset_buffers()
@@ -206,7 +209,7 @@ class Llama(nn.Module):
         roles: dict[str, Role] = {}
         for mname, module in self.named_modules():
             prefix = f"{mname}." if mname else ""
-            if isinstance(module, ScaleVector):
+            if isinstance(module, (ScaleVector, ScaleBank)):  # a banked vector has none of its own
                 local = {n: module.role for n, _ in module.named_parameters(recurse=False)}
             elif isinstance(module, (ScaledLinear, ExpertBranch)):
                 local = {"weight": module.role}
@@ -226,6 +229,38 @@ class Llama(nn.Module):
         for name, module in self.named_modules():
             if isinstance(module, ScaleVector):
                 yield name, module
+
+    def bank_members(self) -> dict[str, list[tuple[str, tuple[int, int], tuple[int, ...]]]]:
+        """{bank parameter name: [(a member's vector name, its (start, stop) in the bank, its shape)]}, in bank order. A
+        vector name is what the vector's parameter was called when it owned it (`layers.0.attn.q_proj.in_scale.alpha`):
+        the names of a checkpoint written before banks, and of `folded_state_dict`."""
+        bank_names = {id(m): n for n, m in self.named_modules() if isinstance(m, ScaleBank)}
+        out: dict[str, list] = {}
+        for name, sv in self.scale_vectors():
+            if sv.slot is None:
+                continue
+            lead = () if sv.count is None else (sv.count,)
+            for kind, span in sv.slot.ranges.items():
+                shape = (*lead, 1 if kind == "beta" else sv.dim)
+                out.setdefault(f"{bank_names[id(sv.slot.bank)]}.{kind}", []).append((f"{name}.{kind}", span, shape))
+        return out
+
+    def banked(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A state dict by vector names (`bank_members`) → this model's: each bank's members flattened and joined."""
+        out = dict(state)
+        for bank, members in self.bank_members().items():
+            if all(name in out for name, _, _ in members):
+                out[bank] = torch.cat([out.pop(name).reshape(-1) for name, _, _ in members])
+        return out
+
+    def unbanked(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The inverse of `banked`: each bank's entry split into its members' views, by vector name."""
+        out = dict(state)
+        for bank, members in self.bank_members().items():
+            if bank in out:
+                flat = out.pop(bank)
+                out.update({name: flat[a:b].view(shape) for name, (a, b), shape in members})
+        return out
 
     # ------------------------------------------------------------------------------------------ counting
 

@@ -243,5 +243,5 @@ class MoE(nn.Module):
         per_expert = 3 * self.expert_dim * self.d
         for branch in (self.gate_proj, self.up_proj):
             if branch.out_scale is not None:
-                per_expert += sum(p.numel() for p in branch.out_scale.parameters()) // self.n_experts
+                per_expert += branch.out_scale.numel() // self.n_experts
         return (self.n_experts - self.top_k) * per_expert

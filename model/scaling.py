@@ -1,5 +1,6 @@
-"""The only place scale vectors exist (docs/design.md): Norm, ScaleVector (direct / OR / ER), ScaledLinear, and the
-rule that turns a ScaleConfig into structure.
+"""Where scale vectors sit and what they multiply (docs/design.md): Norm, ScaledLinear, ExpertBranch, and the rule
+that turns a ScaleConfig into structure. A vector itself, its parameterization and its storage, is model/vectors.py's;
+the two files are the only place scale vectors exist.
 
 Every linear map W_c that reads a Pre-Norm output is a branch c. A branch computes (docs/paper.md §1.8, eq. 13)
 
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from model.config import Role, ScaleConfig
+from model.vectors import ScaleVector
 
 
 def rms_normalize(x: torch.Tensor, eps: float, n: Optional[int] = None) -> torch.Tensor:
@@ -63,54 +65,6 @@ class _Norm(torch.autograd.Function):
         g32, y32 = g.to(r.dtype), y.to(r.dtype)
         dx = r * (g32 - y32 * ((g32 * y32).sum(-1, keepdim=True) / ctx.n))
         return dx.to(g.dtype), None, None
-
-
-class ScaleVector(nn.Module):
-    """One learnable vector γ ∈ R^dim in one of three parameterizations (docs/paper.md §1.6):
-
-    direct: γ = weight,                            weight₀ = 1
-    or:     γ = β · Norm(α) = β·√d·α/‖α‖,           α₀ = 1, β₀ = 1   (Thm 3.2)
-    er:     γ = e^β · e^(α − mean α),               α₀ = 0, β₀ = 0   (init [I]: gives γ₀ = 1)
-
-    `count` makes it a stack of independent vectors, one per routed expert: γ has shape (count, dim), and OR/ER keep
-    one β and one Norm/mean per row. β is stored with shape (1,) (or (count, 1)) rather than () so FSDP2 can shard it
-    like any other parameter.
-    """
-
-    def __init__(self, dim: int, reparam: str, role: Role, count: Optional[int] = None):
-        super().__init__()
-        self.dim, self.reparam, self.role, self.count = dim, reparam, role, count
-        lead = () if count is None else (count,)
-        if reparam == "direct":
-            self.weight = nn.Parameter(torch.empty(*lead, dim))
-        elif reparam in ("or", "er"):
-            self.alpha = nn.Parameter(torch.empty(*lead, dim))
-            self.beta = nn.Parameter(torch.empty(*lead, 1))
-        else:
-            raise ValueError(f"unknown scale reparameterization {reparam!r}; expected direct, or or er")
-
-    @torch.no_grad()
-    def reset_parameters(self) -> None:
-        if self.reparam == "direct":
-            self.weight.fill_(1.0)
-        else:
-            start = 1.0 if self.reparam == "or" else 0.0
-            self.alpha.fill_(start)
-            self.beta.fill_(start)
-
-    def forward(self) -> torch.Tensor:
-        """The effective vector γ, shape (dim,), or (count, dim) for a stack."""
-        if self.reparam == "direct":
-            return self.weight
-        a = self.alpha
-        if self.reparam == "or":
-            # No eps inside Norm(α): ‖α‖ stays √d under gradient flow (docs/paper.md §5.5), far from 0.
-            return self.beta * (a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True)))
-        return torch.exp(self.beta + a - a.mean(-1, keepdim=True))
-
-    def extra_repr(self) -> str:
-        count = "" if self.count is None else f"count={self.count}, "
-        return f"{count}dim={self.dim}, reparam={self.reparam}, role={self.role.value}"
 
 
 class Norm(nn.Module):

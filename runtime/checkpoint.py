@@ -11,8 +11,8 @@ A save writes everything into `.tmp-step_<8-digit step>`, renames it to `step_<8
 marker: a crash at any point leaves either a tmp dir or a dir without the marker, both ignored by
 `latest_checkpoint` and removed by the next save's pruning.
 
-A load takes any FFN padding (model.ffn_pad_multiple) the checkpoint was written with, unpadded ones included: the
-logical block of each FFN weight and of its optimizer state moves into this model's storage (its padding zero).
+A load takes a checkpoint of another storage layout (runtime/checkpoint_layouts.py): any FFN padding, and the
+scale vectors one tensor each, as written before banks.
 
 One file of about 470 lines on purpose: saving, finding and loading share the layout above and the all-or-nothing
 protocol across ranks, and a reader checks one against the other here rather than across modules.
@@ -45,8 +45,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
-from torch.distributed.tensor import DTensor, distribute_tensor
 
+from runtime.checkpoint_layouts import finish_layouts, stage_layouts
 from runtime.files import atomic_write, fsync_dir
 
 MARKER = "COMPLETE"
@@ -57,6 +57,8 @@ _TMP_PREFIX = ".tmp-step_"
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used: missing, incomplete, or not matching the model/optimizer."""
+
+
 
 
 @dataclass(frozen=True)
@@ -375,8 +377,7 @@ def _load_states(path: Path, model: nn.Module, optimizer: Optional[torch.optim.O
     # Check names and shapes ourselves first: DCP's own error for a different architecture is a planner
     # traceback. Every rank reads the same metadata, so every rank raises together (no hang in a collective).
     metadata = FileSystemReader(str(path)).read_metadata().state_dict_metadata
-    logical = model.logical_shapes() if hasattr(model, "logical_shapes") else {}
-    staged = _stage_repadding(state, metadata, logical)
+    staged = stage_layouts(model, state, metadata)
     problems = _mismatches(state, metadata)
     if problems:
         raise CheckpointError(f"checkpoint {path} does not match this model/optimizer "
@@ -392,7 +393,10 @@ def _load_states(path: Path, model: nn.Module, optimizer: Optional[torch.optim.O
         raise CheckpointError(f"checkpoint {path} could not be read: a file in it is truncated or damaged "
                               f"({_first_failure(e)}); load an older checkpoint in {path.parent}, or move {path} "
                               "aside to resume from the one before it") from e
-    _finish_repadding(staged, path)
+    try:
+        finish_layouts(staged)
+    except ValueError as e:
+        raise CheckpointError(f"checkpoint {path}: {e}") from e
     set_model_state_dict(model, state["model"])
     if optimizer is not None:
         set_optimizer_state_dict(model, optimizer, state["optim"])
@@ -402,43 +406,6 @@ def _first_failure(e: CheckpointException) -> str:
     """One rank's read error in one line (DCP's own text is a traceback per rank)."""
     rank, (exc, _trace) = min(e.failures.items(), key=lambda item: item[0])
     return f"rank {rank}: {type(exc).__name__} {exc}".rstrip()
-
-
-# ------------------------------------------------------------------------------------------- FFN padding across runs
-
-def _stage_repadding(state: dict, metadata: dict, logical: dict[str, tuple[int, ...]]) -> list[tuple]:
-    """An FFN weight stored with other zero padding than the checkpoint's (model.ffn_pad_multiple; a checkpoint from
-    before it has unpadded dense FFNs) loads across the difference: its logical block is the same tensor. For each
-    such weight, and each optimizer state of its shape (AdamW's moments, Muon's momentum: zero in the padding too),
-    `state` gets a plain tensor of the checkpoint's shape for DCP to fill, and _finish_repadding moves the logical
-    block into ours. Any other difference stays for _mismatches to report."""
-    places = [(f"model.{fqn}", fqn, state["model"], fqn) for fqn in state["model"]]
-    for fqn, per_param in state.get("optim", {}).get("state", {}).items():
-        places += [(f"optim.state.{fqn}.{name}", fqn, per_param, name) for name in per_param]
-    staged = []
-    for key, fqn, holder, name in places:
-        ours, meta, shape = holder[name], metadata.get(key), logical.get(fqn)
-        if (shape is not None and isinstance(ours, torch.Tensor) and isinstance(meta, TensorStorageMetadata)
-                and tuple(meta.size) != tuple(ours.shape) and len(meta.size) == ours.ndim == len(shape)
-                and all(n <= min(a, b) for n, a, b in zip(shape, meta.size, ours.shape))):
-            holder[name] = torch.zeros(tuple(meta.size), dtype=ours.dtype)  # whole on every rank: DCP reads it all
-            staged.append((key, holder, name, ours, shape))
-    return staged
-
-
-def _finish_repadding(staged: list[tuple], path: Path) -> None:
-    for key, holder, name, ours, shape in staged:
-        theirs = holder[name]
-        if any(theirs.narrow(i, n, theirs.shape[i] - n).any() for i, n in enumerate(shape)):
-            raise CheckpointError(f"checkpoint {path}: {key} of shape {list(theirs.shape)} has non-zero entries "
-                                  f"outside its logical {list(shape)}: not a zero-padded FFN weight")
-        logical = tuple(slice(0, n) for n in shape)
-        full = torch.zeros(tuple(ours.shape), dtype=ours.dtype)
-        full[logical] = theirs[logical]
-        full = full.to(ours.device)
-        # A DTensor: every rank holds the full tensor, so each slices its own shard (no communication).
-        holder[name] = (distribute_tensor(full, ours.device_mesh, ours.placements, src_data_rank=None)
-                        if isinstance(ours, DTensor) else full)
 
 
 def _mismatches(state: dict, metadata: dict, show: int = 5) -> list[str]:

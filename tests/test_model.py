@@ -7,7 +7,8 @@ import torch
 from config import load_config
 from model.config import ModelConfig, Role, ScaleConfig
 from model.llama import Llama, build_model, plain_config
-from model.scaling import ScaledLinear, ScaleVector, rms_normalize
+from model.scaling import ScaledLinear, rms_normalize
+from model.vectors import ScaleVector
 
 PRESETS = ["baseline", "none", "hg", "hg_ap", "hg_dp", "hg_dnp", "hg_dp_or", "hg_dp_er", "hg_dnp_or", "hg_dnp_er",
            "unified", "gemma"]
@@ -94,10 +95,19 @@ def test_reparam_alone_equals_baseline_at_init(reparam):
 
 def randomize_vectors(model: Llama, seed: int = 1) -> None:
     gen = torch.Generator().manual_seed(seed)
+    roles = model.param_roles()  # every scale tensor: a block's banks and the head's own vectors
     with torch.no_grad():
-        for _, sv in model.scale_vectors():
-            for p in sv.parameters():
+        for name, p in model.named_parameters():
+            if roles[name] in (Role.SCALE_INPUT, Role.SCALE_OUTPUT):
                 p.copy_(0.5 + torch.rand(p.shape, generator=gen, dtype=p.dtype))
+
+
+def vector_roles(model: Llama) -> dict[str, Role]:
+    """The role of every parameter by vector name: a bank's members named as the vectors' own parameters were."""
+    roles = model.param_roles()
+    for bank, members in model.bank_members().items():
+        roles.update({name: roles[bank] for name, _, _ in members})
+    return roles
 
 
 def test_dnp_on_qk_is_explicit_qk_norm():
@@ -129,7 +139,7 @@ def test_folding_preserves_logits(name):
     model = build_model(cfg, dtype=torch.float64)
     randomize_vectors(model)
     plain = build_model(plain_config(cfg), seed=99, dtype=torch.float64)
-    plain.load_state_dict(model.folded_state_dict())
+    plain.load_state_dict(plain.banked(model.folded_state_dict()))  # export names: one per vector
     with torch.no_grad():
         ref, out = model(TOKENS), plain(TOKENS)
     # float64: folding rounds each W·diag(γ) entry (u₆₄), and 2 blocks of ≤ 67-term reductions carry it (≲ 1e-14);
@@ -172,7 +182,7 @@ def test_roles_cover_every_parameter_once(name):
 
 
 def test_unified_roles_input_vs_output():
-    roles = meta_model(preset_model_cfg("unified")).param_roles()
+    roles = vector_roles(meta_model(preset_model_cfg("unified")))
     for n, role in roles.items():
         if ".in_scale." in n or n.startswith("norm.scale"):
             assert role == Role.SCALE_INPUT, n
@@ -180,7 +190,7 @@ def test_unified_roles_input_vs_output():
             assert role == Role.SCALE_OUTPUT, n
     assert roles["lm_head.out_scale.alpha"] == Role.SCALE_OUTPUT
     assert roles["layers.0.attn.q_proj.in_scale.beta"] == Role.SCALE_INPUT
-    gemma = meta_model(preset_model_cfg("gemma")).param_roles()
+    gemma = vector_roles(meta_model(preset_model_cfg("gemma")))
     assert gemma["layers.0.attn.q_norm.scale.weight"] == Role.SCALE_OUTPUT
     assert gemma["layers.0.ffn_out_norm.scale.weight"] == Role.SCALE_OUTPUT
     assert gemma["layers.0.attn_norm.scale.weight"] == Role.SCALE_INPUT

@@ -15,7 +15,7 @@ from model.moe import MoE
 from optim import build_optimizer
 from runtime.checkpoint import load_checkpoint, save_checkpoint
 from runtime.moe import moe_step_end
-from test_model import FOLDABLE, PRESETS, randomize_vectors
+from test_model import FOLDABLE, PRESETS, randomize_vectors, vector_roles
 
 V = 61
 
@@ -86,12 +86,14 @@ def test_one_expert_top1_no_shared_is_the_dense_swiglu(preset):
     randomize_vectors(dense)
     moe = build_model(cfg, dtype=torch.float64)
     randomize_vectors(moe, seed=2)  # router vectors get other values: they must not matter
-    src = dict(dense.named_parameters())
+    src = dense.unbanked(dense.state_dict())  # by vector name: the banks differ (the MoE's holds the router's)
+    state = moe.unbanked(moe.state_dict())
+    buffers = {n for n, _ in moe.named_buffers()}  # the balancing state: the MoE's own
+    for name, t in state.items():
+        if ".router." not in f".{name}" and name not in buffers:
+            state[name] = src[name].reshape(t.shape)  # (F, d) → (1, F, d); (F,) → (1, F)
+    moe.load_state_dict(moe.banked(state))
     with torch.no_grad():
-        for name, p in moe.named_parameters():
-            if ".router." in f".{name}":
-                continue
-            p.copy_(src[name].reshape(p.shape))  # (F, d) → (1, F, d); (F,) → (1, F)
         a, b = dense(TOKENS), moe(TOKENS)
     # float64 but for the router (softmax of one logit: exactly 1): the same products in another order, ~K·u₆₄ with
     # K ≤ 64 per reduction through 2 blocks (≈ 1e-14); 1e-10 is that with 4 orders of margin, and a lost weight is O(1)
@@ -270,7 +272,7 @@ def test_folding_gives_a_plain_llama_moe(preset):
     model = build_model(cfg, dtype=torch.float64)
     randomize_vectors(model)
     plain = build_model(plain_config(cfg), seed=9, dtype=torch.float64)
-    plain.load_state_dict(model.folded_state_dict())
+    plain.load_state_dict(plain.banked(model.folded_state_dict()))  # export names: one per vector
     assert plain.cfg.moe == cfg.moe and plain.cfg.scale == ScaleConfig()
     with torch.no_grad():
         ref, out = model(TOKENS), plain(TOKENS)
@@ -286,18 +288,18 @@ def test_folding_refuses_dnp(preset):
 def test_roles_and_vector_placement():
     model = meta(replace(moe_cfg("unified"), scale=ScaleConfig(heterogeneous=True, placement="dnp", reparam="or",
                                                               lm_head=True, router=True)))
-    roles = model.param_roles()
+    roles = vector_roles(model)
     p = "layers.0.mlp."
     assert roles[f"{p}gate_proj.weight"] == roles[f"{p}down_proj.weight"] == Role.EXPERT_MATRIX
     assert roles[f"{p}router.weight"] == Role.ROUTER and roles[f"{p}shared_expert.up_proj.weight"] == Role.MATRIX
     assert roles[f"{p}gate_proj.in_scale.alpha"] == roles[f"{p}router.in_scale.beta"] == Role.SCALE_INPUT
     assert roles[f"{p}gate_proj.out_scale.alpha"] == roles[f"{p}router.out_scale.alpha"] == Role.SCALE_OUTPUT
-    params = dict(model.named_parameters())
-    assert params[f"{p}gate_proj.in_scale.alpha"].shape == (32,)  # one v per branch kind, shared by the experts
-    assert params[f"{p}gate_proj.out_scale.alpha"].shape == (8, 21)  # one u per expert, logical width
-    assert params[f"{p}gate_proj.out_scale.beta"].shape == (8, 1)
-    assert params[f"{p}router.out_scale.alpha"].shape == (8,)
-    assert "layers.0.ffn_norm.scale.weight" not in params  # HG: no shared γ
+    shapes = {name: shape for members in model.bank_members().values() for name, _, shape in members}
+    assert shapes[f"{p}gate_proj.in_scale.alpha"] == (32,)  # one v per branch kind, shared by the experts
+    assert shapes[f"{p}gate_proj.out_scale.alpha"] == (8, 21)  # one u per expert, logical width
+    assert shapes[f"{p}gate_proj.out_scale.beta"] == (8, 1)
+    assert shapes[f"{p}router.out_scale.alpha"] == (8,)
+    assert "layers.0.ffn_norm.scale.weight" not in shapes  # HG: no shared γ
 
 
 def test_router_knob_is_refused_where_it_means_nothing():
@@ -392,7 +394,8 @@ def test_expert_branch_either_side_equals_the_formula(rows_per_expert, inner):
     gradients in fp64, with padded rows (d_out 5 → 8)."""
     from model.config import Role
     from model.moe import loop_matmul
-    from model.scaling import ExpertBranch, Norm, ScaleVector
+    from model.scaling import ExpertBranch, Norm
+    from model.vectors import ScaleVector
     E, d_in, d_out, pad = 3, 4, 5, 8
     br = ExpertBranch(E, d_in, d_out, pad, in_scale=ScaleVector(d_in, "or", Role.SCALE_INPUT),
                       inner=Norm(pad, 1e-6, None, logical=d_out) if inner else None,

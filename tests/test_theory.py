@@ -2,7 +2,7 @@
 training strictly faster than the map alone, and γ_j² − ‖u_j‖² is conserved."""
 import torch
 
-from model.scaling import ScaleVector
+from model.vectors import ScaleVector
 from model.config import Role
 
 

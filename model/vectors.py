@@ -1,0 +1,148 @@
+"""A scale vector's parameterization and storage (docs/paper.md §1.6): ScaleVector (direct / OR / ER) and ScaleBank,
+which stores a block's vectors as one tensor per role and kind. Where vectors sit and what they multiply is
+model/scaling.py's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn as nn
+from torch.distributed.tensor import DTensor
+
+from model.config import Role
+
+
+class ScaleVector(nn.Module):
+    """One learnable vector γ ∈ R^dim in one of three parameterizations (docs/paper.md §1.6):
+
+    direct: γ = weight,                            weight₀ = 1
+    or:     γ = β · Norm(α) = β·√d·α/‖α‖,           α₀ = 1, β₀ = 1   (Thm 3.2)
+    er:     γ = e^β · e^(α − mean α),               α₀ = 0, β₀ = 0   (init [I]: gives γ₀ = 1)
+
+    `count` makes it a stack of independent vectors, one per routed expert: γ has shape (count, dim), and OR/ER keep
+    one β and one Norm/mean per row. β is stored with shape (1,) (or (count, 1)) rather than () so FSDP2 can shard it
+    like any other parameter.
+
+    A vector owns its parameters until `ScaleBank` takes them: then it owns none and reads its slices of the bank's.
+    Every block banks its vectors (`bank_scale_vectors`); the final norm's and the LM head's keep their own.
+    """
+
+    def __init__(self, dim: int, reparam: str, role: Role, count: Optional[int] = None):
+        super().__init__()
+        self.dim, self.reparam, self.role, self.count = dim, reparam, role, count
+        self.slot: Optional[BankSlot] = None
+        lead = () if count is None else (count,)
+        if reparam == "direct":
+            self.weight = nn.Parameter(torch.empty(*lead, dim))
+        elif reparam in ("or", "er"):
+            self.alpha = nn.Parameter(torch.empty(*lead, dim))
+            self.beta = nn.Parameter(torch.empty(*lead, 1))
+        else:
+            raise ValueError(f"unknown scale reparameterization {reparam!r}; expected direct, or or er")
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """Its parameters' names: ("weight",) or ("alpha", "beta")."""
+        return ("weight",) if self.reparam == "direct" else ("alpha", "beta")
+
+    def sizes(self) -> dict[str, int]:
+        """Scalars per kind: dim·count for weight or α, count for β."""
+        rows = self.count or 1
+        return {kind: rows * (1 if kind == "beta" else self.dim) for kind in self.kinds}
+
+    def numel(self) -> int:
+        """Its logical parameters, banked or not."""
+        return sum(self.sizes().values())
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        if self.slot is not None:
+            return  # the bank resets its tensors
+        start = 1.0 if self.reparam in ("direct", "or") else 0.0
+        for kind in self.kinds:
+            getattr(self, kind).fill_(start)
+
+    def part(self, kind: str) -> torch.Tensor:
+        """Its weight, α or β in γ's shape (…, dim) or (…, 1): its own parameter, or its slice of the bank's. Outside
+        FSDP2's forward a bank is a sharded DTensor: it is gathered whole first (telemetry, export), on every rank."""
+        if self.slot is None:
+            return getattr(self, kind)
+        flat = getattr(self.slot.bank, kind)
+        if isinstance(flat, DTensor):
+            flat = flat.full_tensor()
+        start, stop = self.slot.ranges[kind]
+        lead = () if self.count is None else (self.count,)
+        return flat[start:stop].view(*lead, 1 if kind == "beta" else self.dim)
+
+    def forward(self) -> torch.Tensor:
+        """The effective vector γ, shape (dim,), or (count, dim) for a stack."""
+        if self.reparam == "direct":
+            return self.part("weight")
+        a, beta = self.part("alpha"), self.part("beta")
+        if self.reparam == "or":
+            # No eps inside Norm(α): ‖α‖ stays √d under gradient flow (docs/paper.md §5.5), far from 0.
+            return beta * (a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True)))
+        return torch.exp(beta + a - a.mean(-1, keepdim=True))
+
+    def extra_repr(self) -> str:
+        count = "" if self.count is None else f"count={self.count}, "
+        banked = "" if self.slot is None else ", banked"
+        return f"{count}dim={self.dim}, reparam={self.reparam}, role={self.role.value}{banked}"
+
+
+@dataclass(frozen=True, eq=False)
+class BankSlot:
+    """Where a banked vector's entries lie: `ranges[kind]` = (start, stop) in the bank's flat tensor of that kind. The
+    bank is referenced, not registered: it is a module of the block, once."""
+
+    bank: "ScaleBank"
+    ranges: dict[str, tuple[int, int]]
+
+
+class ScaleBank(nn.Module):
+    """The scale vectors of one block and one role as one flat tensor per kind (`weight`, or `alpha` and `beta`), each
+    vector a slice. OR gives every vector two tensors; a unified block has 20. As banks FSDP2's gathers, gradient
+    clipping and the optimizer see 2 per role, about the baseline's count, and pay their per-tensor host work once.
+    Nothing changes in the math: a slice's gradient is the vector's, AdamW is elementwise, and decay follows the
+    kind and the role as before (optim/groups.py reads `…alpha`)."""
+
+    def __init__(self, vectors: list[ScaleVector]):
+        super().__init__()
+        if not vectors or len({(v.role, v.reparam) for v in vectors}) != 1:
+            raise ValueError("a bank holds one or more vectors of one role and one reparameterization")
+        self.role, self.reparam, self.n_vectors = vectors[0].role, vectors[0].reparam, len(vectors)
+        offsets = dict.fromkeys(vectors[0].kinds, 0)
+        device = getattr(vectors[0], vectors[0].kinds[0]).device
+        for v in vectors:
+            if v.slot is not None:
+                raise ValueError("a scale vector is already in a bank")
+            ranges = {}
+            for kind, n in v.sizes().items():
+                ranges[kind] = (offsets[kind], offsets[kind] + n)
+                offsets[kind] += n
+                delattr(v, kind)
+            v.slot = BankSlot(self, ranges)
+        for kind, n in offsets.items():
+            self.register_parameter(kind, nn.Parameter(torch.empty(n, device=device)))
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """γ = 1 for every vector: α = β = 1 (OR, direct's weight) or 0 (ER), as ScaleVector.reset_parameters."""
+        start = 1.0 if self.reparam in ("direct", "or") else 0.0
+        for p in self.parameters(recurse=False):
+            p.fill_(start)
+
+    def extra_repr(self) -> str:
+        return f"vectors={self.n_vectors}, reparam={self.reparam}, role={self.role.value}"
+
+
+def bank_scale_vectors(module: nn.Module) -> nn.ModuleDict:
+    """One ScaleBank per role for every vector under `module` not yet banked, keyed "input" / "output", in module
+    order; empty when it has none."""
+    by_role: dict[Role, list[ScaleVector]] = {}
+    for m in module.modules():
+        if isinstance(m, ScaleVector) and m.slot is None:
+            by_role.setdefault(m.role, []).append(m)
+    return nn.ModuleDict({role.value.removeprefix("scale_"): ScaleBank(vs) for role, vs in by_role.items()})
