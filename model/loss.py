@@ -211,7 +211,8 @@ def _vocab_norm_head(modules: tuple[nn.Module, nn.Module], params: Sequence[dict
     u = out_scale() (V,) from its α and β. Everything of size (rows, V) is `_vocab_norm_core`, one chunk at a time,
     whose backward is written out: no graph and no saved (rows, V) tensors, where autograd's partitioner kept fp32
     (rows, V) buffers between a forward and a backward graph (logits, the Norm's output, the softmax). The chunks'
-    ∂/∂a fill one (N, d) buffer and their ∂/∂u add up in fp32; one backward through the small parts follows."""
+    ∂/∂a fill one (N, d) buffer; ∂/∂u and ∂/∂W come from the chunks' sums N and G once all are in (`_vocab_norm_core`
+    derives them); one backward through the small parts follows."""
     norm, head = modules
     h = h.detach().requires_grad_(grad_h)
     with torch.enable_grad():
@@ -220,16 +221,24 @@ def _vocab_norm_head(modules: tuple[nn.Module, nn.Module], params: Sequence[dict
             a = a * functional_call(head.in_scale, _under(params[1], "in_scale"), ())
         u = functional_call(head.out_scale, _under(params[1], "out_scale"), ())  # (V,)
     w, inner = params[1]["weight"].detach().to(a.dtype), head.inner
-    rows = a.detach()
+    rows, u_ = a.detach(), u.detach()
+    acc = _acc(rows.dtype)
+    # N = Σ_chunks ∂/∂lᵀ (r ⊙ a), (V, d) in fp32: in W's gradient buffer when there is one (its final value is made
+    # from N below), else in its own
+    n_acc = weight_grad if weight_grad is not None else torch.zeros(w.shape, dtype=acc, device=w.device)
+    mode = mode if weight_grad is not None else _weight_grad_mode(w.dtype, n_acc)
+    g_acc = torch.zeros(w.shape[1], w.shape[1], dtype=acc, device=w.device)  # G = Σ aᵀ diag(r² s) a, (d, d)
+    uw, wtw = u_.to(w.dtype)[:, None] * w, w.t().mm(w)  # diag(u) W (V, d), WᵀW (d, d): once per micro-batch
     grad_a = torch.empty_like(rows)  # (N, d)
-    grad_u = torch.zeros(u.shape, dtype=_acc(u.dtype), device=u.device)  # (V,)
     loss = torch.zeros((), dtype=inv_rows.dtype, device=h.device)
     for s in range(0, rows.shape[0], chunk):
-        sum_c, grad_a[s:s + chunk], grad_u_c = _vocab_norm_core(
-            rows[s:s + chunk], w, u.detach(), targets[s:s + chunk], inv_rows, inner.eps, inner.logical or inner.dim,
-            weight_grad, mode, backend)
-        grad_u += grad_u_c
+        sum_c, grad_a[s:s + chunk] = _vocab_norm_core(
+            rows[s:s + chunk], w, uw, wtw, u_, targets[s:s + chunk], inv_rows, inner.eps, inner.logical or inner.dim,
+            n_acc, g_acc, mode, backend)
         loss += sum_c * inv_rows
+    grad_u = (w.to(acc) * n_acc).sum(1)  # ∂/∂u_j = Σ_k W_jk N_jk, (V,)
+    if weight_grad is not None:  # ∂/∂W = diag(u) N − W G, in place; W G in W's dtype, as the head's other matmuls
+        weight_grad.mul_(u_.to(acc)[:, None]).sub_(w.mm(g_acc.to(w.dtype)))
     return [(h, loss, [a, u], [grad_a, grad_u.to(u.dtype)])]
 
 
@@ -239,12 +248,13 @@ def _under(params: dict, prefix: str) -> dict:
     return {n[len(prefix) + 1:]: p for n, p in params.items() if n.startswith(prefix + ".")}
 
 
-def _vocab_norm_core(a: torch.Tensor, w: torch.Tensor, u: torch.Tensor, targets: torch.Tensor,
-                     inv_rows: torch.Tensor, eps: float, width: int, weight_grad: Optional[torch.Tensor],
-                     mode: str, backend: Optional[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _vocab_norm_core(a: torch.Tensor, w: torch.Tensor, uw: torch.Tensor, wtw: torch.Tensor, u: torch.Tensor,
+                     targets: torch.Tensor, inv_rows: torch.Tensor, eps: float, width: int, n_acc: torch.Tensor,
+                     g_acc: torch.Tensor, mode: str, backend: Optional[str]) -> tuple[torch.Tensor, torch.Tensor]:
     """One chunk of the DNP head, forward and backward at once, without autograd. a: (n, d) the head's input,
-    w: (V, d), u: (V,), targets: (n,). Returns Σ CE over the rows, ∂/∂a (n, d) and ∂/∂u (V,) (fp32), each times
-    `inv_rows`, and adds W's gradient (n, V)ᵀ (n, d) into `weight_grad` (mode: `_weight_grad_mode`).
+    w: (V, d), uw = diag(u) W, wtw = WᵀW (d, d), u: (V,), targets: (n,). Returns Σ CE over the rows and ∂/∂a (n, d)
+    times `inv_rows`; adds the chunk's ∂/∂lᵀ (r ⊙ a) into `n_acc` (V, d) (mode: `_weight_grad_mode`) and its
+    aᵀ diag(r² s) a into `g_acc` (d, d), from which `_vocab_norm_head` makes ∂/∂u and ∂/∂W once all chunks are in.
 
     Forward (docs/paper.md §1.5, in at least fp32 from the logits on):
         z = a Wᵀ,  r = (Σ_j z_j²/V + eps)^(-1/2),  y = z·r,  l = u ⊙ y,  CE = logsumexp(l) − l_t
@@ -252,24 +262,27 @@ def _vocab_norm_core(a: torch.Tensor, w: torch.Tensor, u: torch.Tensor, targets:
         ∂/∂l = c (p − onehot_t),   ∂/∂u = Σ_rows ∂/∂l ⊙ y,
         ∂/∂z = r (u ⊙ ∂/∂l − y·s),   s = Σ_j (u ⊙ ∂/∂l)_j y_j / V = c (Σ_j p_j l_j − l_t) / V
     (the Norm's backward, as `_Norm` writes it; s through l = u ⊙ y, so a row's s comes from the pass that makes its
-    logsumexp). ∂/∂z is cast to the logits' dtype, as autograd's would be, before the two matmuls.
+    logsumexp). Since z = a Wᵀ, every product with ∂/∂z splits into one with ∂/∂l and a small one (N as above):
+        ∂/∂a = ∂/∂z W = r ⊙ (∂/∂l · diag(u) W) − r² s ⊙ (a WᵀW),
+        ∂/∂W = ∂/∂zᵀ a = diag(u) N − W G,   G = Σ_rows r² s aᵀa,      ∂/∂u_j = Σ_k W_jk N_jk,
+    so the chunk makes two passes over its logits, as the baseline's cross-entropy does (the statistics, then ∂/∂l
+    written over z itself: one (n, V) tensor), and no pass for ∂/∂u or ∂/∂z; the matmuls over (n, V) stay three. The
+    extra matmuls are (d × d)-sized: n·d² per chunk, V·d² twice per micro-batch. ∂/∂l is in the logits' dtype, as
+    autograd's ∂/∂z would be, before the matmuls.
 
-    Compiled (`backend`), three graphs, each one pass over z: the row statistics, the column sum ∂/∂u, then ∂/∂z
-    written over z itself, so a chunk holds one (n, V) tensor as the baseline's does. As one graph, inductor's CPU
-    kernel fuses the column sum into the row passes, runs slower and keeps an fp32 (n, V) buffer besides.
-    Eager, `_vocab_norm_eager`: the same arithmetic in place, three (n, V) buffers."""
+    Compiled (`backend`): the statistics and the ∂/∂l pass, one graph each. Eager, `_vocab_norm_eager_`: the same
+    arithmetic in place."""
     z = F.linear(a, w)  # (n, V): the chunk's logits before the Norm
     if backend is None:
-        sum_ce, dz, grad_u = _vocab_norm_eager(z, u, targets, inv_rows, eps, width)
+        sum_ce, r, s = _vocab_norm_eager_(z, u, targets, inv_rows, eps, width)  # z ← ∂/∂l
     else:
         sum_ce, r, lse, s = _compiled(_vocab_norm_stats, backend)(z, u, targets, inv_rows, eps, width)
-        grad_u = _compiled(_vocab_norm_grad_u, backend)(z, u, targets, inv_rows, r, lse)
-        _compiled(_vocab_norm_dz_, backend)(z, u, targets, inv_rows, r, lse, s)  # z ← ∂/∂z, in place
-        dz = z
-    grad_a = dz.mm(w)  # (n, d)
-    if weight_grad is not None:
-        _add_gemm()(weight_grad, dz.t(), a, mode)
-    return sum_ce, grad_a, grad_u
+        _compiled(_vocab_norm_dl_, backend)(z, u, targets, inv_rows, r, lse)  # z ← ∂/∂l, in place
+    dl, q = z, r * r * s  # (n, V) ∂/∂l; (n, 1) r² s
+    _add_gemm()(n_acc, dl.t(), (a * r).to(a.dtype), mode)  # N += ∂/∂lᵀ (r ⊙ a)
+    g_acc.add_((a * q).to(a.dtype).t().mm(a).to(g_acc.dtype))  # G += aᵀ diag(r² s) a
+    grad_a = r * dl.mm(uw) - q * a.mm(wtw)  # (n, d), at least fp32
+    return sum_ce, grad_a.to(a.dtype)
 
 
 def _vocab_norm_stats(z: torch.Tensor, u: torch.Tensor, targets: torch.Tensor, inv_rows: torch.Tensor, eps: float,
@@ -288,51 +301,33 @@ def _vocab_norm_stats(z: torch.Tensor, u: torch.Tensor, targets: torch.Tensor, i
     return (lse - l_t).sum(), r, lse, s
 
 
-def _vocab_norm_dz_(z: torch.Tensor, u: torch.Tensor, targets: torch.Tensor, inv_rows: torch.Tensor,
-                    r: torch.Tensor, lse: torch.Tensor, s: torch.Tensor) -> None:
-    """z ← ∂/∂z = r (u ⊙ ∂/∂l − y·s) of `_vocab_norm_core`, in z's dtype, each element written where it was read."""
-    y, dl = _vocab_norm_dl(z, u, targets, inv_rows, r, lse)
-    z.copy_((r * (dl * u.to(y.dtype) - y * s)).to(z.dtype))
-
-
-def _vocab_norm_grad_u(z: torch.Tensor, u: torch.Tensor, targets: torch.Tensor, inv_rows: torch.Tensor,
-                       r: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
-    """∂/∂u = Σ_rows ∂/∂l ⊙ y of `_vocab_norm_core`, (V,)."""
-    y, dl = _vocab_norm_dl(z, u, targets, inv_rows, r, lse)
-    return (dl * y).sum(0)
-
-
-def _vocab_norm_dl(z: torch.Tensor, u: torch.Tensor, targets: torch.Tensor, inv_rows: torch.Tensor,
-                   r: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(y, ∂/∂l = c (p − onehot_t)), each (n, V) in at least fp32, the softmax recomputed from z, r and lse: the
-    expressions both passes after the statistics start from (compiled, they fuse into each pass, never stored)."""
+def _vocab_norm_dl_(z: torch.Tensor, u: torch.Tensor, targets: torch.Tensor, inv_rows: torch.Tensor,
+                    r: torch.Tensor, lse: torch.Tensor) -> None:
+    """z ← ∂/∂l = c (p − onehot_t) of `_vocab_norm_core`, the softmax recomputed from z, r and lse, in z's dtype,
+    each element written where it was read."""
     acc = _acc(z.dtype)
-    y = z.to(acc) * r
-    return y, inv_rows * (torch.exp(y * u.to(acc) - lse) - _onehot(targets, z.shape[1]).to(acc))
+    p = torch.exp(z.to(acc) * r * u.to(acc) - lse)
+    z.copy_((inv_rows * (p - _onehot(targets, z.shape[1]).to(acc))).to(z.dtype))
 
 
-def _vocab_norm_eager(z: torch.Tensor, u: torch.Tensor, targets: torch.Tensor, inv_rows: torch.Tensor, eps: float,
-                      width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The compiled graphs' arithmetic for eager runs: (Σ CE, ∂/∂z in z's dtype, ∂/∂u). Op for op the
-    same formulas, but each pass writes into one of three (n, V) buffers in at least fp32 (y, then the logits and the
-    softmax, then ∂/∂l) where the functional form would leave a fresh tensor per op (tests/test_loss.py holds the
-    two to fp64 rounding)."""
+def _vocab_norm_eager_(z: torch.Tensor, u: torch.Tensor, targets: torch.Tensor, inv_rows: torch.Tensor, eps: float,
+                       width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The compiled graphs' arithmetic for eager runs: (Σ CE, r, s), and z ← ∂/∂l in z's dtype. Op for op the same
+    formulas, written in place: the logits over z itself (over one fp32 copy of it when z is bf16), the softmax in a
+    second buffer (tests/test_loss.py holds the two forms to fp64 rounding)."""
     acc = _acc(z.dtype)
-    u32 = u.to(acc)
-    y = z.to(acc)  # (n, V) buffer 1; z itself when it is already in acc (z is this chunk's own)
-    r = torch.rsqrt(_row_dot(y, y) / width + eps)  # (n, 1)
-    y.mul_(r)
-    logits = y * u32  # (n, V) buffer 2
+    logits = z.to(acc)  # (n, V): z itself when it is already in acc (z is this chunk's own, read no more)
+    r = torch.rsqrt(_row_dot(logits, logits) / width + eps)  # (n, 1)
+    logits.mul_(r).mul_(u.to(acc))
     m = logits.amax(-1, keepdim=True)
     l_t = logits.gather(1, targets[:, None])  # (n, 1)
-    e = torch.sub(logits, m).exp_()  # (n, V) buffer 3
+    e = torch.sub(logits, m).exp_()  # (n, V)
     total = e.sum(-1, keepdim=True)
     s = inv_rows * (_row_dot(e, logits) / total - l_t) / width  # (n, 1)
     lse = m + torch.log(total)
     dl = e.mul_(inv_rows / total).scatter_add_(1, targets[:, None], (-inv_rows).expand(len(targets), 1))
-    grad_u = torch.mul(dl, y, out=logits).sum(0)  # (V,)
-    dz = dl.mul_(u32).sub_(y.mul_(s)).mul_(r)  # r (u ⊙ ∂/∂l − y·s)
-    return (lse - l_t).sum(), dz.to(z.dtype), grad_u
+    z.copy_(dl)
+    return (lse - l_t).sum(), r, s
 
 
 def _row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
