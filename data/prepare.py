@@ -36,7 +36,8 @@ from data.bpe import count_words, train_bpe
 from data.composition import SourceCounter
 from data.config import DataConfig
 from data.shards import META_FILE, DataError, Meta, SplitWriter, dtype_for, load_meta, write_meta
-from data.sources import Source, iter_documents, iter_labeled_documents, parse_source, source_bytes
+from data.sources import (Source, iter_documents, iter_labeled_documents, parse_source, source_bytes,
+                          source_changes, source_files)
 from data.tokenizer import TRAINED_FILE, Tokenizer, load_tokenizer, write_ranks
 
 DEFAULT_SHARD_TOKENS = 100_000_000  # 200 MB of uint16 per shard
@@ -88,6 +89,7 @@ def prepare(cfg: DataConfig, *, eval_only: bool = False, like: str | Path | None
         meta = load_meta(out)
         differ = _differing(meta, request, list(request))
         if not differ:
+            _refuse_a_changed_source(meta, cfg, out, eval_only, like)
             _say(progress, f"{out} is already prepared ({_summary(meta)}){_same_tokens_note(meta, request)}; "
                            "nothing to do")
             return out
@@ -113,6 +115,7 @@ def _prepare_into(out: Path, cfg: DataConfig, request: dict, eval_only: bool, li
     tok = _resolve_tokenizer(cfg, src, out, eval_only, like, like_meta, bpe_train_chars, progress)
     dtype = dtype_for(tok.n_vocab)
     writers = {s: SplitWriter(out, s, dtype, shard_tokens) for s in (("val",) if eval_only else ("train", "val"))}
+    files = source_files(src)  # before reading: a file changed while it is read shows as a change next time
     docs = iter_labeled_documents(src, cfg.text_column, cfg.txt_document)
     counter = SourceCounter()  # per source, where the source names them (data/composition.py)
     text_bytes, complete = _tokenize(docs, tok, writers, counter, cfg, eval_only, num_threads,
@@ -125,11 +128,23 @@ def _prepare_into(out: Path, cfg: DataConfig, request: dict, eval_only: bool, li
         raise DataError(f"every document of {src} fell in the val split; lower --val-frac or add documents")
     meta = Meta(tokenizer=tok.info(), source=cfg.source, request=request, eval_only=eval_only,
                 dtype=dtype.name, splits=splits, text_bytes=text_bytes, seconds=round(time.time() - t0, 3),
-                source_complete=complete, sources=counter.result())
+                source_complete=complete, sources=counter.result(), source_files=files)
     meta.fingerprint = meta.compute_fingerprint()
     write_meta(out, meta)
     _say(progress, f"wrote {out}: {_summary(meta)}")
     return out
+
+
+def _refuse_a_changed_source(meta: Meta, cfg: DataConfig, out: Path, eval_only: bool = False,
+                             like: str | Path | None = None) -> None:
+    """A DataError when the local source's files differ from those `out` was prepared from: its tokens are the old
+    text's. The message names what changed and the command that prepares it again."""
+    changes = source_changes(meta.source_files, parse_source(cfg.source)) if meta.source_files else []
+    if changes:
+        again = prepare_command(cfg, eval_only, str(like) if like else None) + " --force"
+        raise DataError(f"{out} was prepared from {cfg.source} as it was then; since, {'; '.join(changes)}. Its "
+                        f"tokens are the old text's: prepare it again with `{again}`, or point data.source at the "
+                        "old files")
 
 
 def _summary(meta: Meta) -> str:
@@ -279,6 +294,7 @@ def ensure_prepared(cfg: DataConfig) -> Path:
                         + ", ".join(f"{k}: {there[k]}, {expected[k]!r} in the config" for k in diff)
                         + f"); to train on it as prepared, override {match}; or set data.dir to another folder, or "
                         f"redo it with `{prepare_command(cfg)} --force`")
+    _refuse_a_changed_source(meta, cfg, out)
     check_tokenizer(out, load_tokenizer(cfg.tokenizer, out))
     for vs in cfg.val_sets:
         vmeta = load_meta(vs, hint=prepare_command(replace(cfg, source="PATH/TO/TEXT", dir=vs), True, cfg.dir))

@@ -123,6 +123,9 @@ class Meta:
     # documents and tokens per source (data/composition.py) where the source names them (the built-in corpus); None
     # for one unnamed source, and in a meta.json written before this field existed
     sources: Optional[dict] = None
+    # a local source's files as they were prepared (data/sources.py, source_files): names, sizes, times, maybe a
+    # sha256; None for the built-in corpus, a Hub stream, and a meta.json written before this field existed
+    source_files: Optional[dict] = None
 
     def compute_fingerprint(self) -> str:
         ident = {"version": self.version, "ranks_hash": self.tokenizer["ranks_hash"], "eot": self.tokenizer["eot"],
@@ -137,6 +140,8 @@ class Meta:
                        for s, i in self.splits.items()}
         if self.sources is not None:  # absent, not null, for unnamed sources: their meta.json stays as it was
             d["sources"] = self.sources
+        if self.source_files is not None:
+            d["source_files"] = self.source_files
         return d
 
     @classmethod
@@ -146,7 +151,7 @@ class Meta:
         return cls(tokenizer=d["tokenizer"], source=d["source"], request=d["request"], eval_only=d["eval_only"],
                    dtype=d["dtype"], splits=splits, text_bytes=d.get("text_bytes", 0), seconds=d.get("seconds", 0.0),
                    fingerprint=d["fingerprint"], version=d["version"], source_complete=d.get("source_complete"),
-                   sources=d.get("sources"))
+                   sources=d.get("sources"), source_files=d.get("source_files"))
 
     def holds_whole_source(self) -> bool:
         """Whether the dir holds every document of its source, i.e. no max_tokens cap stopped the prepare early.

@@ -14,6 +14,7 @@ mixture eval set weighs (data/evalset.py); other sources name none.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import urllib.error
 import urllib.request
@@ -26,6 +27,7 @@ from data.builtin import builtin_documents, builtin_labeled, pd_english_bytes
 TEXT_SUFFIXES = (".txt", ".raw", ".md", ".text")
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", **{s: "text" for s in TEXT_SUFFIXES}}
 HF_PROBE_TIMEOUT_S = 8.0
+HASH_BYTES = 256 << 20  # a local source this small also records its contents' sha256
 
 
 class SourceError(RuntimeError):
@@ -97,6 +99,59 @@ def local_files(path: Path) -> list[Path]:
     if len(kinds) > 1:
         raise SourceError(f"source {path}: mixes {' and '.join(sorted(kinds))} files; prepare each kind separately")
     return files
+
+
+def source_files(src: Source) -> Optional[dict]:
+    """What a local source's files are now, as meta.json records it (`source_files`): each file's name (relative to
+    a folder source), size and modification time, and the sha256 of their contents when they total at most
+    HASH_BYTES (cheap: one more read of a small corpus). None for the built-in corpus (pinned packages) and a Hub
+    stream, which have no files to look at."""
+    if src.kind != "local":
+        return None
+    root = Path(src.name)
+    files = local_files(root)
+    entries = [[_name(f, root), st.st_size, st.st_mtime_ns] for f, st in ((f, f.stat()) for f in files)]
+    cheap = sum(size for _, size, _ in entries) <= HASH_BYTES
+    return {"files": entries, "sha256": _content_hash(files) if cheap else None}
+
+
+def source_changes(recorded: dict, src: Source) -> list[str]:
+    """How a local source differs from what `recorded` (source_files' dict) saw: files added, removed or changed,
+    empty when it is the same. Names, sizes and times first; where those differ but a content hash was recorded,
+    the hash decides (a copied or touched file with the same bytes is no change)."""
+    now = source_files(src)
+    if now is None or recorded is None:
+        return []
+    then_files = {name: (size, mtime) for name, size, mtime in recorded["files"]}
+    now_files = {name: (size, mtime) for name, size, mtime in now["files"]}
+    if then_files == now_files:
+        return []
+    if recorded.get("sha256") is not None and recorded["sha256"] == now["sha256"]:
+        return []
+    added, removed = sorted(now_files.keys() - then_files.keys()), sorted(then_files.keys() - now_files.keys())
+    changed = sorted(n for n in then_files.keys() & now_files.keys() if then_files[n] != now_files[n])
+    out = [f"{what} {_few(names)}" for what, names in (("added", added), ("removed", removed), ("changed", changed))
+           if names]
+    return out or ["its contents changed"]
+
+
+def _name(f: Path, root: Path) -> str:
+    return str(f.relative_to(root)) if root.is_dir() else f.name
+
+
+def _content_hash(files: list[Path]) -> str:
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode() + b"\0")
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def _few(names: list[str], show: int = 3) -> str:
+    more = f" and {len(names) - show} more" if len(names) > show else ""
+    return ", ".join(names[:show]) + more
 
 
 def _iter_local(path: Path, text_column: str, txt_document: str) -> Iterator[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -323,3 +324,25 @@ def test_a_cap_is_compared_by_the_tokens_it_keeps(tmp_path, capsys):
     for d in (half, ten_capped):
         with pytest.raises(DataError, match=rf"cut short by it .* override data.max_tokens={d.max_tokens};"):
             ensure_prepared(replace(d, max_tokens=None))
+
+
+def test_a_changed_source_is_refused_with_the_command_that_prepares_it_again(tmp_path):
+    """meta.json records the local source's files; a finished dir whose source has changed since is refused by
+    data.prepare and by a run, naming the change and the command; --force prepares it again. A file copied or
+    touched with the same bytes is no change (the contents' sha256 decides)."""
+    write_docs(tmp_path / "txt", 12)
+    cfg = DataConfig(source=str(tmp_path / "txt"), dir=str(tmp_path / "out"), tokenizer="gpt2", val_frac=0.2)
+    prepare(cfg, progress=False)
+    doc = tmp_path / "txt" / "d003.txt"
+    text = doc.read_bytes()
+    doc.write_bytes(text + b" more words\r\n")
+    (tmp_path / "txt" / "d100.txt").write_text("A new document.\n")
+    for call in (lambda: prepare(cfg, progress=False), lambda: ensure_prepared(cfg)):
+        with pytest.raises(DataError, match=r"since, added d100\.txt; changed d003\.txt\. .* --force`") as e:
+            call()
+        assert prepare_command(cfg) + " --force" in str(e.value)
+    prepare(cfg, progress=False, force=True)
+    assert ensure_prepared(cfg) == Path(cfg.dir)
+    doc.write_bytes(doc.read_bytes())  # the same bytes, a new modification time
+    os.utime(doc, ns=(1, 1))
+    assert ensure_prepared(cfg) == Path(cfg.dir)
