@@ -34,6 +34,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--stop-at-step", type=int, metavar="K",
                    help="checkpoint and exit after step K (the schedule still spans train.steps); "
                         "run the same command again to continue")
+    p.add_argument("--resume-step", type=int, metavar="K",
+                   help="resume from the checkpoint of step K rather than the newest; newer checkpoints are moved "
+                        "into checkpoints/set_aside/, never deleted")
     p.add_argument("overrides", nargs="*", help="dotted.key=value, e.g. optim.lr=3e-3 train.steps=100")
     args = p.parse_intermixed_args(argv)  # options and key=value overrides in any order
     if args.stop_at_step is not None and args.stop_at_step < 1:
@@ -67,15 +70,20 @@ def main(argv: Optional[list[str]] = None) -> dict:
 
     # ---- distributed: nccl on CUDA, gloo on CPU; a one-rank group for a plain `python train.py`
     from runtime.dist import init_distributed, shutdown
+    from runtime.rundir import lock_run_dir
     from runtime.trainer import Trainer
     dist_info = init_distributed(cfg.train.device)
     if dist_info.device.type == "cpu" and cfg.train.cpu_malloc_tuning:
         from runtime.cpu import tune_glibc_malloc
         tune_glibc_malloc()
-    clean, trainer = False, None
+    clean, trainer, run_lock = False, None, None
     try:
-        # ---- data → model → loader → resume from the newest complete checkpoint (runtime/trainer.py)
-        trainer = Trainer.for_run(cfg, dist_info)
+        # ---- one writer per run directory: its lock, before anything there is read or written (runtime/rundir.py)
+        run_lock = lock_run_dir(Path(cfg.log.out_dir) / run_name, dist_info.rank)
+        if run_lock.note:
+            print(f"warning: {run_lock.note}", file=sys.stderr)
+        # ---- data → model → loader → resume from the newest intact checkpoint (runtime/trainer.py)
+        trainer = Trainer.for_run(cfg, dist_info, resume_step=args.resume_step)
         # ---- the loop: step → log → evaluate → checkpoint; a SIGTERM/SIGINT finishes the step, checkpoints, exits
         result = trainer.fit(stop_at_step=args.stop_at_step, wandb_tags=run_tags(cfg))  # strategy, optimizer, lr…
         clean = True
@@ -85,6 +93,8 @@ def main(argv: Optional[list[str]] = None) -> dict:
         # dropped here, shutdown's gc.collect frees it while the group is alive. Left to a later collection (the next
         # run's, in a process that trains twice) its destructors would run against a destroyed group (trap 1).
         del trainer
+        if run_lock is not None:
+            run_lock.release()
         shutdown(dist_info, clean=clean)
 
 
@@ -96,9 +106,10 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from data.tokenizer import TokenizerError
     from runtime.checkpoint import CheckpointError
     from runtime.dist import LaunchError
+    from runtime.rundir import RunDirError
     from runtime.trainer import NonFiniteError
     return (ConfigError, NonFiniteError, DataError, SourceError, TokenizerError, BuiltinCorpusError, CheckpointError,
-            LaunchError)
+            LaunchError, RunDirError)
 
 
 if __name__ == "__main__":

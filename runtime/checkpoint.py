@@ -23,7 +23,6 @@ import contextlib
 import io
 import json
 import os
-import random
 import re
 import shutil
 import warnings
@@ -31,7 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -48,9 +46,11 @@ from torch.distributed.checkpoint.state_dict import (
 
 from runtime.checkpoint_layouts import finish_layouts, stage_layouts
 from runtime.files import atomic_write, fsync_dir
+from runtime.rng import rng_equal, rng_state, set_rng_state
 
 MARKER = "COMPLETE"
 EXTRA_FILE = "extra.pt"
+ERRORS_LOG = "errors.log"  # in the checkpoints dir: the tracebacks of failed saves
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _TMP_PREFIX = ".tmp-step_"
 
@@ -124,7 +124,7 @@ def save_checkpoint(ckpt_dir: Path, step: int, model: nn.Module, optimizer: Opti
             state["optim"] = get_optimizer_state_dict(model, optimizer)
         with _single_process_quiet(d):
             dcp.save(state, checkpoint_id=tmp, no_dist=not d.active)  # FileSystemWriter fsyncs its files
-        atomic_write(tmp / f"rng_rank{d.rank}.pt", _to_bytes(_rng_state()))
+        atomic_write(tmp / f"rng_rank{d.rank}.pt", _to_bytes(rng_state()))
         if d.rank == 0:
             atomic_write(tmp / EXTRA_FILE, extra_bytes)
 
@@ -171,7 +171,12 @@ def _all_or_nothing(d: _Dist, fn, step: int, where: Path, previous: Optional[Pat
     if d.rank == 0 and cleanup is not None:
         shutil.rmtree(cleanup, ignore_errors=True)  # frees the space the partial save took
     _barrier(d)
-    what = f"{type(error).__name__}: {error}" if error is not None else f"on {n_failed} other rank(s)"
+    if error is None:
+        what = f"on {n_failed} other rank(s)"
+    else:  # one line; the library's traceback goes to a file beside the checkpoints, if the disk takes it
+        what = _first_failure(error) if isinstance(error, CheckpointException) else f"{type(error).__name__}: {error}"
+        log = _log_traceback(error, where.parent / ERRORS_LOG, d.rank)
+        what += f"; the traceback is in {log}" if log else ""
     resume = (f"the previous checkpoint {previous} is intact: free space (or fix the path) and run the same command "
               f"to resume from step {read_marker(previous)['step']}") if previous is not None else (
         "there is no earlier checkpoint: free space (or fix the path) and run the same command to start again")
@@ -179,7 +184,7 @@ def _all_or_nothing(d: _Dist, fn, step: int, where: Path, previous: Optional[Pat
 
 
 def _prune(ckpt_dir: Path, keep: int, just_written: Path) -> None:
-    complete = _complete_checkpoints(ckpt_dir)
+    complete = complete_checkpoints(ckpt_dir)
     survivors = {p for _, p in complete[-keep:]} | {just_written}
     for _, path in complete:
         if path not in survivors:
@@ -222,38 +227,10 @@ def _from_bytes(data: bytes) -> Any:
     return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
 
 
-# ------------------------------------------------------------------------------------------------------- RNG
-
-
-def _rng_state() -> dict:
-    np_state = np.random.get_state(legacy=False)  # {"bit_generator", "state": {"key", "pos"}, "has_gauss", "gauss"}
-    state: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "python": random.getstate(),
-        # weights_only loading refuses numpy arrays: keep the MT19937 key as a tensor.
-        "numpy": {**np_state, "state": {"key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
-                                        "pos": int(np_state["state"]["pos"])}},
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()  # the current device: one GPU per rank
-    return state
-
-
-def _set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    np_state = dict(state["numpy"])
-    np_state["state"] = {"key": state["numpy"]["state"]["key"].numpy().astype(np.uint32),
-                         "pos": state["numpy"]["state"]["pos"]}
-    np.random.set_state(np_state)
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
-
-
 # ---------------------------------------------------------------------------------------------------- finding
 
 
-def _complete_checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:
+def complete_checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:
     if not ckpt_dir.is_dir():
         return []
     found = []
@@ -266,7 +243,7 @@ def _complete_checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:
 
 def latest_checkpoint(ckpt_dir: Path) -> Optional[Path]:
     """The newest complete checkpoint in `ckpt_dir`, or None. Tmp dirs and unmarked dirs never count."""
-    complete = _complete_checkpoints(Path(ckpt_dir))
+    complete = complete_checkpoints(Path(ckpt_dir))
     return complete[-1][1] if complete else None
 
 
@@ -307,33 +284,22 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: Optional[torch.opti
     _load_states(path, model, optimizer, d)
     saved_world = read_marker(path)["world_size"]
     if saved_world == d.world:
-        _set_rng_state(torch.load(path / f"rng_rank{d.rank}.pt", weights_only=True))
+        set_rng_state(torch.load(path / f"rng_rank{d.rank}.pt", weights_only=True))
         return load_extra(path)
     shared = [None]  # rank 0 reads every saved rank's file once; the others get its verdict
     if d.rank == 0:
         states = [torch.load(path / f"rng_rank{r}.pt", weights_only=True) for r in range(saved_world)]
-        shared = [states[0] if all(_equal(states[0], s) for s in states[1:]) else None]
+        shared = [states[0] if all(rng_equal(states[0], s) for s in states[1:]) else None]
     if d.active:
         dist.broadcast_object_list(shared, src=0)
     if shared[0] is not None:
-        _set_rng_state(shared[0])
+        set_rng_state(shared[0])
     elif d.rank == 0:
         warnings.warn(f"checkpoint {path} was saved by {saved_world} ranks with different RNG states, this run has "
                       f"{d.world}: weights and optimizer state were resharded, but per-rank RNG streams cannot be "
                       "remapped, so random draws after the resume differ from an uninterrupted run's",
                       RuntimeWarning, stacklevel=2)
     return load_extra(path)
-
-
-def _equal(a: Any, b: Any) -> bool:
-    """Structural equality of two RNG state objects (tensors compared by value)."""
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
-    return a == b
 
 
 def load_model_weights(model: nn.Module, path: Path) -> dict:
@@ -400,6 +366,22 @@ def _load_states(path: Path, model: nn.Module, optimizer: Optional[torch.optim.O
     set_model_state_dict(model, state["model"])
     if optimizer is not None:
         set_optimizer_state_dict(model, optimizer, state["optim"])
+
+
+def _log_traceback(error: BaseException, path: Path, rank: int) -> Optional[Path]:
+    """Append `error`'s traceback (and DCP's per-rank ones) to `path`; None when that write fails too."""
+    import time
+    import traceback
+    text = "".join(traceback.format_exception(error))
+    if isinstance(error, CheckpointException):
+        text += "".join(f"rank {r}:\n{''.join(traceback.format_exception(exc))}" for r, (exc, _) in
+                        sorted(error.failures.items()))
+    try:
+        with open(path, "a") as f:
+            f.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')}, rank {rank}\n{text}\n")
+    except OSError:
+        return None
+    return path
 
 
 def _first_failure(e: CheckpointException) -> str:

@@ -36,13 +36,14 @@ from data.prepare import ensure_prepared
 from data.shards import load_meta
 from optim import clip_grad_norm, lr_at, set_lr
 from runtime.build import build_training_model
-from runtime.checkpoint import latest_checkpoint, load_checkpoint, load_extra, save_checkpoint
+from runtime.checkpoint import load_checkpoint, load_extra, save_checkpoint
 from runtime.config import ConfigError, resume_conflicts
 from runtime.dist import DistInfo, StopConsensus
 from runtime.guard import NonFiniteGuard, describe
 from runtime.logging import RunLogger, git_commit
 from runtime.metrics import mfu, peak_flops
 from runtime.moe import moe_step_end
+from runtime.resume_point import resume_point
 from runtime.telemetry import scale_telemetry
 
 if TYPE_CHECKING:  # the type only: the root config.py composes the sections, nothing below imports it
@@ -127,10 +128,10 @@ class Trainer:
         self.ckpt_dir = self.run_dir / "checkpoints"
 
     @classmethod
-    def for_run(cls, cfg: RunConfig, di: DistInfo) -> "Trainer":
+    def for_run(cls, cfg: RunConfig, di: DistInfo, resume_step: Optional[int] = None) -> "Trainer":
         """The run `cfg` names: its data (rank 0 prepares it on first use and tells the others how it went), the
         model, the loader (on the device, pinned and gathered one micro-batch ahead where that pays: CUDA), and the
-        newest complete checkpoint of its run directory, if any."""
+        newest intact checkpoint of its run directory, if any (`resume_step`: that step's)."""
         t = cfg.train
         seed_everything(t.seed)
         problem = [None]
@@ -156,7 +157,7 @@ class Trainer:
             trainer = cls(cfg, di, loader, val_sets, loader.tokens_per_epoch)
             if di.is_main:  # auto chooses from the hardware (runtime/precision.py): say what, and why
                 print(trainer.precision.describe())
-            trainer.resume()
+            trainer.resume(resume_step)
         except BaseException:
             loader.close()
             raise
@@ -259,10 +260,15 @@ class Trainer:
                  "precision": {"dtype": self.precision.dtype_name, "compile": self.precision.compile}}
         save_checkpoint(self.ckpt_dir, self.step_count, self.model, self.optimizer, extra, keep=self.cfg.train.keep_ckpts)
 
-    def resume(self) -> None:
-        """Continue from the newest complete checkpoint of the run directory, if there is one: the same command in
-        the same run directory continues the run, on any number of ranks (DCP reshards)."""
-        latest = latest_checkpoint(self.ckpt_dir)
+    def resume(self, step: Optional[int] = None) -> None:
+        """Continue from the newest intact checkpoint of the run directory, if there is one: the same command in
+        the same run directory continues the run, on any number of ranks (DCP reshards). A newer damaged checkpoint
+        is moved aside, never deleted (runtime/resume_point.py). `step`: resume from that step's checkpoint instead,
+        the newer ones moved aside."""
+        latest, notes = resume_point(self.ckpt_dir, step)
+        if self.di.is_main:
+            for note in notes:
+                print(f"warning: {note}", file=sys.stderr)
         if latest is None:
             return
         cfg, t, loader = self.cfg, self.cfg.train, self.batches
@@ -291,6 +297,12 @@ class Trainer:
         the run directory and, when the run is complete, its last validation losses. `wandb_tags`: the wandb run's
         tags (default: log.wandb.tags)."""
         cfg, t, di = self.cfg, self.cfg.train, self.di
+        if stop_at_step is not None and stop_at_step <= self.step_count:
+            # Before the logger (which trims metrics.jsonl) and before any step: the run would train past K to
+            # train.steps, and its newer checkpoints would push out the older ones
+            raise ConfigError(f"--stop-at-step {stop_at_step} is at or below this run's step {self.step_count} "
+                              f"({self.run_dir}): there is nothing to train before it. Pass a step above "
+                              f"{self.step_count}, or leave out --stop-at-step to train on to {t.steps}")
         logger = RunLogger(self.run_dir, cfg, di.rank, t.steps, start_step=self.step_count, tags=wandb_tags)
         flops_per_token = self.model.flops_per_token(cfg.data.seq_len)
         peak = peak_flops(di.device)

@@ -14,6 +14,7 @@ import train
 from config import ConfigError, load_config
 from test_moe_train import MOE, moe_state
 from runtime.checkpoint import checkpoint_tensors, latest_checkpoint
+from runtime.rundir import LOCK_FILE
 from runtime.trainer import accumulation_steps, aux_regrouped
 from multiproc import free_port, spawn
 from test_train import _error_worker, _skip_worker, args_for, data_dir, records, run_ranks  # noqa: F401 - data_dir is a fixture
@@ -144,14 +145,18 @@ def test_a_resume_onto_three_ranks_is_refused_and_changes_nothing(elastic_runs, 
     the message before any checkpoint is read or model built, and the run directory is left as it was."""
     run = elastic_runs["dense"]
     run_dir = run.dir / "elastic"
-    before = {p: p.stat().st_mtime_ns for p in run_dir.rglob("*") if p.is_file()}
+
+    def files() -> dict:  # the run's files; its lock (runtime/rundir.py) is taken and released empty, as by any start
+        return {p: p.stat().st_mtime_ns for p in run_dir.rglob("*") if p.is_file() and p.name != LOCK_FILE}
+    before = files()
     spawn(_error_worker, (3, free_port(), run.last, tmp_path), nprocs=3)
     for rank in range(3):
         assert (tmp_path / f"rank{rank}.txt").read_text() == (
             "ConfigError: train.global_batch: 8 is not a multiple of micro_batch × world size = 2 × 3 = 6; no "
             "micro_batch fits 3 ranks; run on a number of ranks that divides 8 (1, 2, 4, 8) (the global batch is the "
             "experiment: keep it to resume a run)")
-    assert {p: p.stat().st_mtime_ns for p in run_dir.rglob("*") if p.is_file()} == before
+    assert files() == before
+    assert (run_dir / LOCK_FILE).read_text() == ""
 
 
 def test_a_layout_that_does_not_divide_the_global_batch_is_refused():

@@ -61,7 +61,10 @@ def test_full_disk_during_a_checkpoint_keeps_the_previous_one(data_dir, tmp_path
         assert "writing the checkpoint of step 4" in m and "resume from step 2" in m and str(ckpts) in m
     assert "No space left on device" in messages[failing_rank]
     assert latest_checkpoint(ckpts).name == "step_00000002"
-    assert sorted(p.name for p in ckpts.iterdir()) == ["step_00000002"]  # the partial save is gone
+    assert "\n" not in messages[failing_rank]  # one line: the traceback went to a file beside the checkpoints
+    assert f"the traceback is in {ckpts / 'errors.log'}" in messages[failing_rank]
+    assert "Traceback" in (ckpts / "errors.log").read_text() and "No space left" in (ckpts / "errors.log").read_text()
+    assert sorted(p.name for p in ckpts.iterdir()) == ["errors.log", "step_00000002"]  # the partial save is gone
     assert [r["step"] for r in records(tmp_path / "full", "train")][-1] == 4  # the steps it did are logged
 
     # The disk has room again: the same command resumes from step 2 and ends where an uninterrupted run ends.

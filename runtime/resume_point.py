@@ -1,0 +1,108 @@
+"""Which checkpoint a run resumes from (runtime/trainer.py, `Trainer.resume`): the newest complete one whose files all
+read, every newer damaged one moved into `checkpoints/set_aside/` (never deleted), or the step a user names with
+`--resume-step` (docs/reliability.md). Reading a checkpoint here loads no tensor: it checks that each file opens and
+that DCP's data files hold the bytes its metadata names."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint import FileSystemReader
+
+from runtime.checkpoint import EXTRA_FILE, MARKER, CheckpointError, complete_checkpoints, read_marker
+from runtime.files import fsync_dir
+
+SET_ASIDE = "set_aside"  # <run>/checkpoints/set_aside/: checkpoints a resume passed over, moved there, never deleted
+
+
+def damaged_files(path: Path) -> list[str]:
+    """The files of checkpoint `path` that cannot be read, each with why: the marker, extra.pt, every saving rank's
+    RNG file, DCP's metadata, and its data files against the byte ranges the metadata gives them (a truncated or
+    missing shard). Empty: intact as far as reading it without loading the tensors can tell."""
+    path, problems = Path(path), []
+
+    def readable(name: str, read) -> Any:
+        try:
+            return read()
+        except Exception as e:  # noqa: BLE001 - any failure to read is the finding
+            why = e.strerror if isinstance(e, OSError) and e.strerror else f"unreadable: {type(e).__name__}"
+            problems.append(f"{name} ({why})")
+            return None
+    marker = readable(MARKER, lambda: read_marker(path))
+    world = marker.get("world_size") if isinstance(marker, dict) else None
+    if marker is not None and not isinstance(world, int):
+        problems.append(f"{MARKER} (no world_size)")
+    readable(EXTRA_FILE, lambda: torch.load(path / EXTRA_FILE, weights_only=True, map_location="cpu"))
+    for r in range(world if isinstance(world, int) else len(list(path.glob("rng_rank*.pt")))):
+        readable(f"rng_rank{r}.pt", lambda r=r: torch.load(path / f"rng_rank{r}.pt", weights_only=True))
+    metadata = readable(".metadata", lambda: FileSystemReader(str(path)).read_metadata())
+    if metadata is not None:
+        needed: dict[str, int] = {}
+        for info in metadata.storage_data.values():
+            needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+        for name, size in sorted(needed.items()):
+            have = (path / name).stat().st_size if (path / name).is_file() else None
+            if have is None or have < size:
+                problems.append(f"{name} ({'missing' if have is None else f'truncated: {have:,} of {size:,} bytes'})")
+    return problems
+
+
+def set_aside(path: Path, why: str) -> Path:
+    """Move checkpoint `path` into its checkpoints dir's `set_aside/` (a new name if one is taken): a resume and
+    pruning no longer see it, and nothing of it is lost. Returns where it went."""
+    dest_dir = path.parent / SET_ASIDE
+    dest_dir.mkdir(exist_ok=True)
+    dest, n = dest_dir / path.name, 1
+    while dest.exists():
+        dest, n = dest_dir / f"{path.name}.{n}", n + 1
+    path.rename(dest)
+    (dest / "WHY").write_text(why + "\n")
+    fsync_dir(path.parent)
+    return dest
+
+
+def resume_point(ckpt_dir: Path, step: Optional[int] = None) -> tuple[Optional[Path], list[str]]:
+    """The checkpoint a run resumes from and what was done to get there: (the newest complete checkpoint whose
+    files all read, or None; one line per checkpoint set aside). Newer damaged ones are set aside. With `step`, that
+    step's checkpoint, and every newer complete one is set aside too (the run trains those steps again, and would
+    otherwise prune older checkpoints in their favour). Collective: rank 0 reads and moves, every rank gets its
+    verdict (a CheckpointError on every rank if `step` has no intact checkpoint)."""
+    active = dist.is_available() and dist.is_initialized()
+    verdict: list = [None, [], None]  # path, notes, error
+    if not active or dist.get_rank() == 0:
+        try:
+            verdict = [*_choose(Path(ckpt_dir), step), None]
+        except CheckpointError as e:
+            verdict = [None, [], str(e)]
+    if active:
+        dist.broadcast_object_list(verdict, src=0)
+    if verdict[2] is not None:
+        raise CheckpointError(verdict[2])
+    return (Path(verdict[0]) if verdict[0] is not None else None), verdict[1]
+
+
+def _choose(ckpt_dir: Path, step: Optional[int]) -> tuple[Optional[str], list[str]]:
+    complete, notes = complete_checkpoints(ckpt_dir), []
+    if step is not None:
+        chosen = [p for s, p in complete if s == step]
+        if not chosen:
+            have = ", ".join(str(s) for s, _ in complete) or "none"
+            raise CheckpointError(f"--resume-step {step}: {ckpt_dir} has no complete checkpoint of step {step} "
+                                  f"(complete: {have})")
+        problems = damaged_files(chosen[0])
+        if problems:
+            raise CheckpointError(f"--resume-step {step}: {chosen[0]} cannot be read ({'; '.join(problems)})")
+        for s, p in complete:
+            if s > step:
+                dest = set_aside(p, f"newer than --resume-step {step}")
+                notes.append(f"set {p.name} aside (newer than --resume-step {step}): {dest}")
+        return str(chosen[0]), notes
+    for s, p in reversed(complete):
+        problems = damaged_files(p)
+        if not problems:
+            return str(p), notes
+        dest = set_aside(p, "damaged: " + "; ".join(problems))
+        notes.append(f"checkpoint {p.name} is damaged ({'; '.join(problems)}): moved to {dest}")
+    return None, notes

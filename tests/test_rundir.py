@@ -1,0 +1,143 @@
+"""A run directory that defends itself (docs/reliability.md): one writer at a time, a damaged checkpoint set aside for
+the intact one before it, a chosen older checkpoint, no flag that deletes progress, one-line errors for an out dir
+that cannot be written."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import train
+from config import ConfigError
+from multiproc import free_port, spawn
+from runtime.checkpoint import CheckpointError
+from runtime.rundir import LOCK_FILE, RunDirError, lock_run_dir
+from test_train import _error_worker, args_for, data_dir, final_params, records  # noqa: F401 - data_dir is a fixture
+
+HOLD = ("import sys, time; from runtime.rundir import lock_run_dir; lock_run_dir(sys.argv[1]); print('held', "
+        "flush=True); time.sleep(600)")
+
+
+@pytest.fixture
+def held(tmp_path):
+    """A run directory whose lock another process holds: (its path, that process)."""
+    run_dir = tmp_path / "busy"
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], stdout=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).resolve().parents[1])
+    assert proc.stdout.readline().strip() == "held"
+    yield run_dir, proc
+    proc.kill()
+    proc.wait()
+
+
+def test_a_second_process_is_refused_at_once_naming_the_holder(held):
+    run_dir, proc = held
+    with pytest.raises(RunDirError, match=f"in use by pid {proc.pid} on host"):
+        lock_run_dir(run_dir)
+
+
+def test_a_lock_left_by_a_killed_process_is_taken_over(held):
+    run_dir, proc = held
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    lock = lock_run_dir(run_dir)
+    assert f"took over the lock of pid {proc.pid}" in lock.note
+    assert json.loads((run_dir / LOCK_FILE).read_text())["pid"] == os.getpid()
+    lock.release()
+    assert (run_dir / LOCK_FILE).read_text() == ""  # released cleanly: the next run finds nothing to take over
+    again = lock_run_dir(run_dir)
+    assert again.note is None
+    again.release()
+
+
+def test_train_py_refuses_a_busy_run_directory_before_touching_it(data_dir, tmp_path, held):  # noqa: F811
+    run_dir, proc = held
+    before = sorted(p.name for p in run_dir.iterdir())
+    with pytest.raises(RunDirError, match=f"pid {proc.pid}"):
+        train.main(args_for(data_dir, tmp_path, "busy"))
+    assert sorted(p.name for p in run_dir.iterdir()) == before == [LOCK_FILE]
+
+
+def test_every_rank_of_a_launch_is_refused(data_dir, tmp_path, held):  # noqa: F811
+    run_dir, proc = held
+    spawn(_error_worker, (2, free_port(), args_for(data_dir, tmp_path, "busy"), tmp_path), nprocs=2, timeout=120)
+    for rank in range(2):
+        assert (tmp_path / f"rank{rank}.txt").read_text().startswith(f"RunDirError: {run_dir} is in use by pid")
+
+
+def test_an_out_dir_that_cannot_be_made_is_one_line(data_dir, tmp_path):  # noqa: F811
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(RunDirError, match="cannot create or write the run directory .* choose a writable") as e:
+        train.main(args_for(data_dir, tmp_path / "a_file", "run"))
+    assert "\n" not in str(e.value)
+
+
+def test_a_start_refused_before_it_writes_leaves_no_run_directory(data_dir, tmp_path):  # noqa: F811
+    """A fresh run stopped by a bad setting after taking its lock: no empty directory with a lock file is left."""
+    with pytest.raises(ConfigError, match="global_batch"):
+        train.main(args_for(data_dir, tmp_path, "never", "train.global_batch=6"))
+    assert not (tmp_path / "never").exists()
+
+
+def test_stop_at_step_at_or_below_the_runs_step_trains_and_prunes_nothing(data_dir, tmp_path):  # noqa: F811
+    argv = args_for(data_dir, tmp_path, "stop", "train.ckpt_every=2", "train.keep_ckpts=1")
+    train.main(argv + ["--stop-at-step", "4"])
+    run = tmp_path / "stop"
+    metrics = (run / "metrics.jsonl").read_text()
+    for k in ("4", "2"):
+        with pytest.raises(ConfigError, match=f"--stop-at-step {k} is at or below this run's step 4"):
+            train.main(argv + ["--stop-at-step", k])
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_00000004"]
+    assert (run / "metrics.jsonl").read_text() == metrics
+
+
+def _damage(ckpt: Path, how: str) -> None:
+    if how == "shard":
+        shard = next(ckpt.glob("*.distcp"))
+        shard.write_bytes(shard.read_bytes()[:100])
+    elif how == "marker":
+        (ckpt / "COMPLETE").write_text("{not json")
+    elif how == "rng":
+        (ckpt / "rng_rank0.pt").unlink()
+    else:
+        (ckpt / how).write_bytes(b"garbage")
+
+
+@pytest.mark.parametrize("how", ["shard", "marker", "rng", "extra.pt", ".metadata"])
+def test_a_damaged_checkpoint_is_set_aside_for_the_one_before(data_dir, tmp_path, capsys, how):  # noqa: F811
+    """The newest checkpoint damaged in any of its files: moved into checkpoints/set_aside/ with a WHY, the one
+    before it loaded, metrics.jsonl trimmed to it, and the run ends where an uninterrupted run ends."""
+    argv = args_for(data_dir, tmp_path, "dmg", "train.ckpt_every=2", "train.eval_every=100")
+    train.main(argv + ["--stop-at-step", "4"])
+    ckpts = tmp_path / "dmg" / "checkpoints"
+    _damage(ckpts / "step_00000004", how)
+    capsys.readouterr()
+    train.main(argv)
+    err = capsys.readouterr().err
+    aside = ckpts / "set_aside" / "step_00000004"
+    assert f"checkpoint step_00000004 is damaged" in err and f"moved to {aside}" in err
+    assert (aside / "WHY").read_text().startswith("damaged: ")
+    assert [r["step"] for r in records(tmp_path / "dmg", "train")] == list(range(1, 7))
+    reference = args_for(data_dir, tmp_path, "ref", "train.ckpt_every=2", "train.eval_every=100")
+    train.main(reference)
+    a, b = final_params(tmp_path / "dmg", argv), final_params(tmp_path / "ref", reference)
+    assert all(a[n].equal(b[n]) for n in a)
+
+
+def test_resume_step_sets_newer_checkpoints_aside(data_dir, tmp_path, capsys):  # noqa: F811
+    argv = args_for(data_dir, tmp_path, "back", "train.ckpt_every=2", "train.eval_every=100", "train.keep_ckpts=5")
+    train.main(argv)
+    ckpts = tmp_path / "back" / "checkpoints"
+    with pytest.raises(CheckpointError, match=r"--resume-step 3: .* no complete checkpoint of step 3 \(complete: 2, 4, 6\)"):
+        train.main(argv + ["--resume-step", "3"])
+    capsys.readouterr()
+    train.main(argv + ["--resume-step", "2"])
+    assert "set step_00000006 aside (newer than --resume-step 2)" in capsys.readouterr().err
+    assert sorted(p.name for p in (ckpts / "set_aside").iterdir()) == ["step_00000004", "step_00000006"]
+    assert sorted(p.name for p in ckpts.glob("step_*")) == ["step_00000002", "step_00000004", "step_00000006"]
+    assert [r["step"] for r in records(tmp_path / "back", "train")] == list(range(1, 7))
