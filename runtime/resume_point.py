@@ -105,4 +105,7 @@ def _choose(ckpt_dir: Path, step: Optional[int]) -> tuple[Optional[str], list[st
             return str(p), notes
         dest = set_aside(p, "damaged: " + "; ".join(problems))
         notes.append(f"checkpoint {p.name} is damaged ({'; '.join(problems)}): moved to {dest}")
+    if notes:  # a run that had checkpoints, none of them intact: starting over is the user's call, not ours
+        raise CheckpointError(f"no checkpoint of {ckpt_dir} can be read: {'; '.join(notes)}. To start this run over "
+                              "from step 0, run the same command again")
     return None, notes

@@ -129,6 +129,20 @@ def test_a_damaged_checkpoint_is_set_aside_for_the_one_before(data_dir, tmp_path
     assert all(a[n].equal(b[n]) for n in a)
 
 
+def test_with_every_checkpoint_damaged_the_run_stops_and_the_next_starts_over(data_dir, tmp_path):  # noqa: F811
+    argv = args_for(data_dir, tmp_path, "all", "train.ckpt_every=2", "train.eval_every=100", "train.keep_ckpts=1")
+    train.main(argv + ["--stop-at-step", "4"])
+    ckpts = tmp_path / "all" / "checkpoints"
+    _damage(ckpts / "step_00000004", "shard")
+    metrics = (tmp_path / "all" / "metrics.jsonl").read_text()
+    with pytest.raises(CheckpointError, match="no checkpoint of .* can be read: checkpoint step_00000004 is damaged"):
+        train.main(argv)
+    assert (tmp_path / "all" / "metrics.jsonl").read_text() == metrics  # nothing trimmed
+    assert [p.name for p in (ckpts / "set_aside").iterdir()] == ["step_00000004"]
+    train.main(argv)  # the same command again: from step 0
+    assert [r["step"] for r in records(tmp_path / "all", "train")] == list(range(1, 7))
+
+
 def test_resume_step_sets_newer_checkpoints_aside(data_dir, tmp_path, capsys):  # noqa: F811
     argv = args_for(data_dir, tmp_path, "back", "train.ckpt_every=2", "train.eval_every=100", "train.keep_ckpts=5")
     train.main(argv)
