@@ -70,7 +70,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
 
     # ---- distributed: nccl on CUDA, gloo on CPU; a one-rank group for a plain `python train.py`
     from runtime.dist import init_distributed, shutdown
-    from runtime.rundir import lock_run_dir
+    from runtime.rundir import DISK_ERRNOS, lock_run_dir, write_failure
     from runtime.trainer import Trainer
     dist_info = init_distributed(cfg.train.device)
     if dist_info.device.type == "cpu" and cfg.train.cpu_malloc_tuning:
@@ -88,6 +88,10 @@ def main(argv: Optional[list[str]] = None) -> dict:
         result = trainer.fit(stop_at_step=args.stop_at_step, wandb_tags=run_tags(cfg))  # strategy, optimizer, lr…
         clean = True
         return result
+    except OSError as e:  # a full, read-only or failing disk under metrics, config or wandb: one line, not a traceback
+        if e.errno not in DISK_ERRNOS:
+            raise
+        raise write_failure(e, Path(cfg.log.out_dir) / run_name) from e
     finally:
         # The FSDP2 model (its DTensors hold the device mesh, and so the process group) sits in reference cycles:
         # dropped here, shutdown's gc.collect frees it while the group is alive. Left to a later collection (the next

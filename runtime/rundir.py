@@ -18,6 +18,7 @@ import json
 import os
 import socket
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -25,6 +26,8 @@ from typing import Optional
 import torch.distributed as dist
 
 LOCK_FILE = "run.lock"
+ERRORS_LOG = "errors.log"  # <run>/: tracebacks of writes the disk refused
+DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG})
 _NO_FLOCK = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ENOSYS}
 
 
@@ -114,6 +117,22 @@ def _acquire(run_dir: Path) -> RunLock:
     note = (f"took over the lock of {_who(previous)}, which did not end cleanly (killed, or its machine went down)"
             if previous else None)
     return RunLock(path, fd, note, made_dir)
+
+
+def write_failure(e: OSError, run_dir: Path) -> RunDirError:
+    """A write the disk refused during a run (full, over quota, read-only, failing), as one line naming what to do;
+    the traceback goes to `<run>/errors.log` when the disk takes it."""
+    where = f": {e.filename}" if e.filename else ""
+    log = Path(run_dir) / ERRORS_LOG
+    try:
+        with open(log, "a") as f:
+            f.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')}, pid {os.getpid()}\n"
+                    + "".join(traceback.format_exception(e)) + "\n")
+        told = f"; the traceback is in {log}"
+    except OSError:
+        told = ""
+    return RunDirError(f"a write failed ({_reason(e)}{where}){told}. The newest checkpoint is intact: free space (or "
+                       "fix the disk) and run the same command to resume from it")
 
 
 def _me() -> dict:

@@ -155,3 +155,26 @@ def test_resume_step_sets_newer_checkpoints_aside(data_dir, tmp_path, capsys):  
     assert sorted(p.name for p in (ckpts / "set_aside").iterdir()) == ["step_00000004", "step_00000006"]
     assert sorted(p.name for p in ckpts.glob("step_*")) == ["step_00000002", "step_00000004", "step_00000006"]
     assert [r["step"] for r in records(tmp_path / "back", "train")] == list(range(1, 7))
+
+
+def test_a_full_disk_under_the_metrics_is_one_line_and_resumes(data_dir, tmp_path, monkeypatch):  # noqa: F811
+    """A write the disk refuses outside a checkpoint (here metrics.jsonl at step 5): one RunDirError line, the
+    traceback in <run>/errors.log, and the same command resumes from the newest checkpoint."""
+    import errno
+
+    from runtime.logging import RunLogger
+    real = RunLogger.log_train
+
+    def log_train(self, step, record):
+        if step == 5:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.run_dir / "metrics.jsonl"))
+        return real(self, step, record)
+    monkeypatch.setattr(RunLogger, "log_train", log_train)
+    argv = args_for(data_dir, tmp_path, "full", "train.ckpt_every=2", "train.eval_every=100")
+    with pytest.raises(RunDirError, match=r"a write failed \(No space left on device: .*metrics\.jsonl\); the "
+                                          r"traceback is in .*errors\.log\. The newest checkpoint is intact") as e:
+        train.main(argv)
+    assert "\n" not in str(e.value) and "Traceback" in (tmp_path / "full" / "errors.log").read_text()
+    monkeypatch.undo()
+    train.main(argv)
+    assert [r["step"] for r in records(tmp_path / "full", "train")] == list(range(1, 7))
