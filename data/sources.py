@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Literal, Optional
 
-from data.builtin import builtin_documents, builtin_labeled, pd_english_bytes
+from data.builtin import (BuiltinCorpusError, builtin_documents, builtin_labeled, pd_english_bytes,
+                          pd_english_files)
 
 TEXT_SUFFIXES = (".txt", ".raw", ".md", ".text")
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", **{s: "text" for s in TEXT_SUFFIXES}}
@@ -101,32 +102,39 @@ def local_files(path: Path) -> list[Path]:
     return files
 
 
-def source_files(src: Source) -> Optional[dict]:
-    """What a local source's files are now, as meta.json records it (`source_files`): each file's name (relative to
-    a folder source), size and modification time, and the sha256 of their contents when they total at most
-    HASH_BYTES (cheap: one more read of a small corpus). None for the built-in corpus (pinned packages) and a Hub
-    stream, which have no files to look at."""
-    if src.kind != "local":
+def source_files(src: Source, content_hash: bool = True) -> Optional[dict]:
+    """What a source's files are now, as meta.json records it (`source_files`): each file's name (relative to a
+    folder source), size and modification time, and the sha256 of their contents when they total at most HASH_BYTES
+    (cheap: one more read of a small corpus). The built-in corpus's files are its packages' (a package upgraded
+    under a prepared dir shows); a Hub stream has none to look at: None."""
+    if src.kind == "hf":
         return None
-    root = Path(src.name)
-    files = local_files(root)
+    if src.kind == "builtin":
+        texts, kjv = pd_english_files()
+        files, root = [*texts, kjv], None
+    else:
+        root = Path(src.name)
+        files = local_files(root)
     entries = [[_name(f, root), st.st_size, st.st_mtime_ns] for f, st in ((f, f.stat()) for f in files)]
-    cheap = sum(size for _, size, _ in entries) <= HASH_BYTES
+    cheap = content_hash and sum(size for _, size, _ in entries) <= HASH_BYTES
     return {"files": entries, "sha256": _content_hash(files) if cheap else None}
 
 
-def source_changes(recorded: dict, src: Source) -> list[str]:
-    """How a local source differs from what `recorded` (source_files' dict) saw: files added, removed or changed,
-    empty when it is the same. Names, sizes and times first; where those differ but a content hash was recorded,
-    the hash decides (a copied or touched file with the same bytes is no change)."""
-    now = source_files(src)
+def source_changes(recorded: Optional[dict], src: Source) -> list[str]:
+    """How a source differs from what `recorded` (source_files' dict) saw: files added, removed or changed, empty
+    when it is the same. Names, sizes and times first (no file is read); where those differ but a content hash was
+    recorded, the hash decides (a copied or touched file with the same bytes is no change)."""
+    try:
+        now = source_files(src, content_hash=False)
+    except (SourceError, BuiltinCorpusError):
+        return []  # the source is not on this machine (prepared tokens carried here): nothing to compare
     if now is None or recorded is None:
         return []
     then_files = {name: (size, mtime) for name, size, mtime in recorded["files"]}
     now_files = {name: (size, mtime) for name, size, mtime in now["files"]}
     if then_files == now_files:
         return []
-    if recorded.get("sha256") is not None and recorded["sha256"] == now["sha256"]:
+    if recorded.get("sha256") is not None and recorded["sha256"] == source_files(src)["sha256"]:
         return []
     added, removed = sorted(now_files.keys() - then_files.keys()), sorted(then_files.keys() - now_files.keys())
     changed = sorted(n for n in then_files.keys() & now_files.keys() if then_files[n] != now_files[n])
@@ -135,7 +143,10 @@ def source_changes(recorded: dict, src: Source) -> list[str]:
     return out or ["its contents changed"]
 
 
-def _name(f: Path, root: Path) -> str:
+def _name(f: Path, root: Optional[Path]) -> str:
+    """A file's name as recorded: relative to a folder source; a package file with its folder."""
+    if root is None:
+        return f"{f.parent.name}/{f.name}"
     return str(f.relative_to(root)) if root.is_dir() else f.name
 
 

@@ -346,3 +346,20 @@ def test_a_changed_source_is_refused_with_the_command_that_prepares_it_again(tmp
     doc.write_bytes(doc.read_bytes())  # the same bytes, a new modification time
     os.utime(doc, ns=(1, 1))
     assert ensure_prepared(cfg) == Path(cfg.dir)
+
+
+def test_the_builtin_corpus_records_its_package_files(pd_bpe, monkeypatch):
+    """A built-in dir records its packages' files: an upgraded package shows as a change; a machine without the
+    packages (prepared tokens carried there) uses the dir as it is."""
+    import data.sources as sources
+    meta = load_meta(pd_bpe.dir)
+    assert len(meta.source_files["files"]) == 43 and meta.source_files["sha256"]
+    texts, kjv = sources.pd_english_files()
+    monkeypatch.setattr(sources, "pd_english_files", lambda: (texts[:-1], kjv))
+    with pytest.raises(DataError, match=r"since, removed texts/"):
+        ensure_prepared(pd_bpe)
+
+    def missing():
+        raise sources.BuiltinCorpusError("not installed")
+    monkeypatch.setattr(sources, "pd_english_files", missing)
+    assert ensure_prepared(pd_bpe) == Path(pd_bpe.dir)

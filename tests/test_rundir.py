@@ -147,7 +147,8 @@ def test_resume_step_sets_newer_checkpoints_aside(data_dir, tmp_path, capsys):  
     argv = args_for(data_dir, tmp_path, "back", "train.ckpt_every=2", "train.eval_every=100", "train.keep_ckpts=5")
     train.main(argv)
     ckpts = tmp_path / "back" / "checkpoints"
-    with pytest.raises(CheckpointError, match=r"--resume-step 3: .* no complete checkpoint of step 3 \(complete: 2, 4, 6\)"):
+    with pytest.raises(CheckpointError, match=r"--resume-step 3: .* no complete checkpoint of step 3 "
+                                              r"\(complete: 2, 4, 6\)"):
         train.main(argv + ["--resume-step", "3"])
     capsys.readouterr()
     train.main(argv + ["--resume-step", "2"])
