@@ -236,7 +236,7 @@ def _vocab_norm_head(modules: tuple[nn.Module, nn.Module], params: Sequence[dict
             rows[s:s + chunk], w, uw, wtw, u_, targets[s:s + chunk], inv_rows, inner.eps, inner.logical or inner.dim,
             n_acc, g_acc, mode, backend)
         loss += sum_c * inv_rows
-    grad_u = (w.to(acc) * n_acc).sum(1)  # ∂/∂u_j = Σ_k W_jk N_jk, (V,)
+    grad_u = (n_acc * w).sum(1)  # ∂/∂u_j = Σ_k W_jk N_jk, (V,) in fp32: W is cast inside the multiply, not copied
     if weight_grad is not None:  # ∂/∂W = diag(u) N − W G, in place; W G in W's dtype, as the head's other matmuls
         weight_grad.mul_(u_.to(acc)[:, None]).sub_(w.mm(g_acc.to(w.dtype)))
     return [(h, loss, [a, u], [grad_a, grad_u.to(u.dtype)])]
