@@ -41,6 +41,11 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     args = p.parse_intermixed_args(argv)  # options and key=value overrides in any order
     if args.stop_at_step is not None and args.stop_at_step < 1:
         p.error(f"--stop-at-step {args.stop_at_step}: K must be ≥ 1 (the step after which to checkpoint and exit)")
+    if args.resume_step is not None and args.resume_step < 1:
+        p.error(f"--resume-step {args.resume_step}: K must be ≥ 1 (a checkpoint's step)")
+    if None not in (args.stop_at_step, args.resume_step) and args.stop_at_step <= args.resume_step:
+        p.error(f"--stop-at-step {args.stop_at_step} is at or below --resume-step {args.resume_step}: there would be "
+                "nothing to train")
     return args
 
 

@@ -69,7 +69,7 @@ def prepare_command(cfg: DataConfig, eval_only: bool = False, like: Optional[str
 
 
 def _request(cfg: DataConfig, eval_only: bool, like_hash: Optional[str], shard_tokens: int) -> dict:
-    src = parse_source(cfg.source)
+    src = parse_source(cfg.source, must_exist=False)
     return {"source": str(Path(src.name).resolve()) if src.kind == "local" else str(src),
             "tokenizer": cfg.tokenizer, "val_frac": None if eval_only else cfg.val_frac,
             "text_column": cfg.text_column, "txt_document": cfg.txt_document, "max_tokens": cfg.max_tokens,
@@ -95,6 +95,7 @@ def prepare(cfg: DataConfig, *, eval_only: bool = False, like: str | Path | None
             return out
         diff = ", ".join(f"{k}: {meta.request.get(k)!r} → {request[k]!r}" for k in differ)
         raise DataError(f"{out} was prepared with other settings ({diff}); choose another --out or pass --force")
+    parse_source(cfg.source)  # a source that is not there fails before anything is written
     out.mkdir(parents=True, exist_ok=True)
     _clean(out)  # leftovers of an interrupted run, or the old output under --force
     try:
@@ -139,7 +140,8 @@ def _refuse_a_changed_source(meta: Meta, cfg: DataConfig, out: Path, eval_only: 
                              like: str | Path | None = None) -> None:
     """A DataError when the local source's files differ from those `out` was prepared from: its tokens are the old
     text's. The message names what changed and the command that prepares it again."""
-    changes = source_changes(meta.source_files, parse_source(cfg.source)) if meta.source_files else []
+    changes = (source_changes(meta.source_files, parse_source(cfg.source, must_exist=False)) if meta.source_files
+               else [])
     if changes:
         again = prepare_command(cfg, eval_only, str(like) if like else None) + " --force"
         raise DataError(f"{out} was prepared from {cfg.source} as it was then; since, {'; '.join(changes)}. Its "
@@ -276,8 +278,9 @@ def ensure_prepared(cfg: DataConfig) -> Path:
     dir is an error naming the command. Refuses a dir whose settings or tokenizer differ from `cfg`, and val
     sets tokenized differently from the training data. Returns the training data dir."""
     out = Path(cfg.dir)
-    src = parse_source(cfg.source)
-    if not (out / META_FILE).is_file():
+    prepared = (out / META_FILE).is_file()
+    src = parse_source(cfg.source, must_exist=not prepared)  # prepared tokens outlive their text
+    if not prepared:
         if src.kind != "builtin":
             raise DataError(f"data dir {out} is not prepared; run `{prepare_command(cfg)}`")
         prepare(cfg)

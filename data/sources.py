@@ -47,7 +47,9 @@ class Source:
         return f"{self.kind}:{self.name}" + (f":{self.subset}" if self.subset else "")
 
 
-def parse_source(text: str) -> Source:
+def parse_source(text: str, must_exist: bool = True) -> Source:
+    """`must_exist=False`: a local path that is gone is still a local source (a prepared dir whose text was moved
+    or deleted keeps its tokens)."""
     if text.startswith("builtin:"):
         return Source("builtin", text[len("builtin:"):])
     if text.startswith("hf:"):
@@ -56,7 +58,7 @@ def parse_source(text: str) -> Source:
             raise SourceError(f"source {text!r}: expected hf:ORG/NAME[:SUBSET], e.g. "
                               "hf:HuggingFaceFW/fineweb-edu:sample-10BT")
         return Source("hf", name, subset or None)
-    if not Path(text).exists():
+    if must_exist and not Path(text).exists():
         raise SourceError(f"source {text!r}: no such file or folder (Hub datasets are written hf:ORG/NAME[:SUBSET], "
                           "the built-in corpus builtin:pd_english)")
     return Source("local", text)

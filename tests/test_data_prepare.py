@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -345,6 +346,8 @@ def test_a_changed_source_is_refused_with_the_command_that_prepares_it_again(tmp
     assert ensure_prepared(cfg) == Path(cfg.dir)
     doc.write_bytes(doc.read_bytes())  # the same bytes, a new modification time
     os.utime(doc, ns=(1, 1))
+    assert ensure_prepared(cfg) == Path(cfg.dir)
+    shutil.rmtree(tmp_path / "txt")  # the text gone: its prepared tokens still train
     assert ensure_prepared(cfg) == Path(cfg.dir)
 
 

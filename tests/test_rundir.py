@@ -179,3 +179,12 @@ def test_a_full_disk_under_the_metrics_is_one_line_and_resumes(data_dir, tmp_pat
     monkeypatch.undo()
     train.main(argv)
     assert [r["step"] for r in records(tmp_path / "full", "train")] == list(range(1, 7))
+
+
+@pytest.mark.parametrize("flags,says", [(["--resume-step", "0"], "--resume-step 0: K must be ≥ 1"),
+                                        (["--resume-step", "4", "--stop-at-step", "4"],
+                                         "--stop-at-step 4 is at or below --resume-step 4")])
+def test_resume_and_stop_flags_that_cannot_work_are_usage_errors(flags, says, capsys):
+    with pytest.raises(SystemExit) as e:
+        train.parse_args(flags)
+    assert e.value.code == 2 and says in capsys.readouterr().err
