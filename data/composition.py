@@ -11,7 +11,7 @@ docs and tokens per source (a document's tokens count its leading EOT); `runs` l
 stored order as runs of consecutive documents of one source, [source index, documents, tokens]. Other sources have no
 `sources` (one source, unnamed). A dir prepared before meta.json recorded `sources` gets the same numbers from
 `composition` when its source is built in: which documents went to the val split is a function of their text
-(data/prepare.py, is_val), so the source's documents are read again (no tokenizing), and each document's tokens are
+(data/shards.py, is_val), so the source's documents are read again (no tokenizing), and each document's tokens are
 found from its leading EOT in the shards.
 
 What the evaluation reads of it, and how it weighs the sources: data/evalset.py.
@@ -25,7 +25,7 @@ from typing import Iterable, Optional
 
 import numpy as np
 
-from data.shards import DataError, Meta, load_meta, open_shard
+from data.shards import DataError, Meta, is_val, load_meta, open_shard
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,6 @@ def composition(data_dir: str | Path, meta: Optional[Meta] = None) -> Optional[C
 def _derived(data_dir: str, fingerprint: str) -> Composition:
     """A built-in dir's composition from its source's documents and its shards (cached per dir and tokens)."""
     from data.builtin import SOURCES, builtin_labeled
-    from data.prepare import is_val
     meta = load_meta(data_dir)
     name = meta.source[len("builtin:"):]
     names = SOURCES[name]

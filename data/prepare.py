@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import hashlib
 import math
 import shlex
 import shutil
@@ -35,7 +34,7 @@ from tqdm import tqdm
 from data.bpe import count_words, train_bpe
 from data.composition import SourceCounter
 from data.config import DataConfig
-from data.shards import META_FILE, DataError, Meta, SplitWriter, dtype_for, load_meta, write_meta
+from data.shards import META_FILE, DataError, Meta, SplitWriter, dtype_for, is_val, load_meta, write_meta
 from data.sources import (Source, iter_documents, iter_labeled_documents, parse_source, source_bytes,
                           source_changes, source_files)
 from data.tokenizer import TRAINED_FILE, Tokenizer, load_tokenizer, write_ranks
@@ -45,11 +44,6 @@ BATCH_CHARS = 4 << 20  # text handed to tiktoken per batch call: big enough to k
 BPE_TRAIN_CHARS = 200 << 20  # a trained BPE learns from at most this much train text
 WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EIO)  # the disk refused a write
 CFG_KEYS = ("source", "tokenizer", "val_frac", "text_column", "txt_document", "max_tokens")  # set by a DataConfig
-
-
-def is_val(text: str, val_frac: float) -> bool:
-    h = int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big")
-    return h < val_frac * 2.0 ** 64
 
 
 def prepare_command(cfg: DataConfig, eval_only: bool = False, like: Optional[str] = None) -> str:

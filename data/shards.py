@@ -102,6 +102,13 @@ class SplitInfo:
     shards: list[ShardInfo] = field(default_factory=list)
 
 
+def is_val(text: str, val_frac: float) -> bool:
+    """The split rule (data/prepare.py): a document goes to the val split when the first 8 bytes of the sha256 of its
+    text, read as a fraction of 2^64, fall below `val_frac`. data/composition.py replays it."""
+    h = int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big")
+    return h < val_frac * 2.0 ** 64
+
+
 @dataclass
 class Meta:
     """Everything meta.json holds. `request` is what was asked for (idempotence compares it); `fingerprint`

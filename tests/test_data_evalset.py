@@ -16,7 +16,8 @@ from data.composition import Composition, composition
 from data.config import DataConfig
 from data.evalset import EvalSet, allocate, plan_windows, prefix_composition
 from data.loader import val_batches
-from data.prepare import is_val, prepare
+from data.prepare import prepare
+from data.shards import is_val
 from data.shards import DataError, Meta, ShardInfo, SplitInfo, load_meta, open_shard, shard_name, write_meta, \
     write_shard
 from repro import proxy

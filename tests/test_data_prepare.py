@@ -16,8 +16,8 @@ from config import ConfigError, build_config
 from data.builtin import pd_english_documents
 from data.config import DataConfig
 from data.loader import TrainLoader, read_meta, val_batches
-from data.prepare import check_tokenizer, ensure_prepared, is_val, main, prepare, prepare_command
-from data.shards import META_FILE, DataError, load_meta, open_shard
+from data.prepare import check_tokenizer, ensure_prepared, main, prepare, prepare_command
+from data.shards import META_FILE, DataError, is_val, load_meta, open_shard
 from data.sources import SourceError, iter_hf, parse_source
 from data.tokenizer import load_tokenizer
 
