@@ -1,5 +1,7 @@
-"""Typed run configuration: dataclasses per section, a strict YAML loader with `base:` inheritance, and dotted
-command-line overrides (`optim.lr=3e-3`).
+"""The run configuration, composed: each package's section (model/config.py, data/config.py, optim/config.py,
+runtime/config.py) in one RunConfig, loaded by the config kernel's strict loader (kernel/config.py: YAML with `base:`
+chains, dotted overrides such as `optim.lr=3e-3`, ConfigError), with what spans sections: their joint invariants, the
+vocabulary from the tokenizer, run names, strategy names and wandb tags.
 
 Strictness is the point: an unknown key names the closest valid key, a wrong type names the expected one, and a
 violated invariant names the dotted key — one `ConfigError`, never a traceback from deep inside torch.
@@ -7,27 +9,20 @@ violated invariant names the dotted key — one `ConfigError`, never a traceback
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import hashlib
-import math
 import re
-import types
-import typing
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Optional
 
 import yaml
 
 from data.config import DataConfig
+from kernel.config import ConfigError, build, read_files, resumable
 from model.config import ModelConfig
-from optim.config import MuonConfig, OptimConfig, ScheduleConfig, WeightDecayMode  # noqa: F401 - composed here
-from runtime.config import (RESUMABLE, ConfigError, LogConfig, TrainConfig, WandbConfig,  # noqa: F401
-                            flat as _flat, resume_conflicts)
-
-# libyaml's parser when PyYAML has it (10× faster; the same safe constructor and resolver, so the same values)
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+from optim.config import OptimConfig, ScheduleConfig
+from runtime.config import LogConfig, TrainConfig
 
 
 @dataclass
@@ -37,7 +32,7 @@ class RunConfig:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    log: LogConfig = field(default_factory=LogConfig, metadata=RESUMABLE)  # where and how often a run logs
+    log: LogConfig = resumable(default_factory=LogConfig)  # where and how often a run logs
 
     def invariants(self) -> list[tuple[str, str]]:
         """Each section's own invariants under its prefix, then the ones that span sections."""
@@ -137,157 +132,17 @@ def run_tags(cfg: RunConfig) -> list[str]:
 
 def load_config(path: Optional[str | Path | list[str | Path]] = None,
                 overrides: Optional[list[str]] = None) -> RunConfig:
-    """Read YAML (following its `base:` chain), apply `a.b.c=value` overrides, build and check a RunConfig.
+    """Read YAML (following its `base:` chain), apply `a.b.c=value` overrides, build and check a RunConfig
+    (kernel/config.py's strict loader).
 
     `path` may be a list of files, merged left to right (`--config dense/0.12b.yaml --config scale/hg.yaml`)."""
     paths = [] if path is None else [path] if isinstance(path, (str, Path)) else list(path)
-    raw: dict = {}
-    for p in paths:
-        raw = _merge(raw, _read_chain(Path(p), seen=()))
-    for item in overrides or []:
-        key, sep, text = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"override {item!r}: expected dotted.key=value, e.g. optim.lr=3e-3")
-        _set_dotted(raw, key.strip(), yaml.safe_load(text) if text.strip() else None)
-    return build_config(raw)
+    return build_config(read_files(paths, overrides))
 
 
 def build_config(raw: dict) -> RunConfig:
-    cfg = _build(RunConfig, raw, prefix="")
+    cfg = build(RunConfig, raw)
     bad = cfg.invariants()
     if bad:
         raise ConfigError("; ".join(f"{key}: {problem}" for key, problem in bad))
     return cfg
-
-
-def _read_chain(path: Path, seen: tuple[Path, ...]) -> dict:
-    path = path.resolve()
-    if path.is_dir():
-        raise ConfigError(f"config {path} is a folder; give a YAML file (e.g. {path / 'base.yaml'})")
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
-    if path in seen:
-        raise ConfigError(f"config {path}: `base:` chain loops back to itself ({' → '.join(map(str, seen))})")
-    try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_YAML_LOADER)
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"config {path} is not UTF-8 text ({e.reason} at byte {e.start}): is it a YAML file?") \
-            from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"config {path} is not valid YAML: {e}") from None
-    if data is None:  # an empty file (or only comments) is a mistake, not a request for every default
-        raise ConfigError(f"config {path} is empty; give a mapping of settings (see configs/base.yaml)")
-    if not isinstance(data, dict):
-        raise ConfigError(f"config {path}: expected a mapping at the top level, got {type(data).__name__}")
-    base = data.pop("base", None)
-    if base is None:
-        return data
-    bases = [base] if isinstance(base, str) else base
-    if not isinstance(bases, list) or not all(isinstance(b, str) for b in bases):
-        raise ConfigError(f"config {path}: `base` must be a path or a list of paths, relative to this file")
-    merged: dict = {}
-    for b in bases:  # later bases override earlier ones; this file overrides them all
-        merged = _merge(merged, _read_chain(path.parent / b, seen + (path,)))
-    return _merge(merged, data)
-
-
-def _merge(a: dict, b: dict) -> dict:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
-def _set_dotted(raw: dict, key: str, value: Any) -> None:
-    node = raw
-    parts = key.split(".")
-    for p in parts[:-1]:
-        if not isinstance(node.get(p), dict):
-            node[p] = {}
-        node = node[p]
-    node[parts[-1]] = value
-
-
-@lru_cache(maxsize=None)
-def _fields_of(cls: type) -> tuple[dict[str, Any], list[str]]:
-    """A config dataclass's field types and names: resolving the annotations (typing.get_type_hints) is most of a
-    config load's time, and the classes do not change while the program runs (a results page loads hundreds)."""
-    return typing.get_type_hints(cls), [f.name for f in dataclasses.fields(cls)]
-
-
-def _build(cls: type, raw: Any, prefix: str) -> Any:
-    where = prefix.rstrip(".") or "config"
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: expected a mapping, got {type(raw).__name__} {raw!r}")
-    hints, names = _fields_of(cls)
-    kwargs = {}
-    for key, value in raw.items():
-        if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.5)
-            hint = f"; did you mean {prefix}{close[0]}?" if close else f"; valid keys: {', '.join(names)}"
-            raise ConfigError(f"unknown config key {prefix}{key}{hint}")
-        kwargs[key] = _coerce(hints[key], value, f"{prefix}{key}")
-    return cls(**kwargs)
-
-
-def _coerce(tp: Any, value: Any, key: str) -> Any:
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, value, key + ".")
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return _coerce(inner[0], value, key)
-    if origin is Literal:
-        if value not in args:
-            close = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"{key}: {value!r} is not one of {list(args)}{hint}")
-        return value
-    if origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key}: expected a list, got {type(value).__name__} {value!r}")
-        if origin is tuple and args and args[-1] is not Ellipsis:
-            if len(value) != len(args):
-                raise ConfigError(f"{key}: expected {len(args)} values, got {len(value)}: {value!r}")
-            return tuple(_coerce(a, v, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
-        return origin(_coerce(args[0], v, f"{key}[{i}]") for i, v in enumerate(value))
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key}: expected true or false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        number = _as_float(value)  # `2e4` steps: PyYAML reads it as a string, or as a float with a dot
-        if number is not None and number.is_integer():
-            return int(number)
-        raise ConfigError(f"{key}: expected an integer, got {type(value).__name__} {value!r}")
-    if tp is float:
-        number = _as_float(value)  # PyYAML reads `1e-3` (no dot) as a string
-        if number is None:
-            raise ConfigError(f"{key}: expected a number, got {type(value).__name__} {value!r}")
-        if not math.isfinite(number):  # no setting means NaN or ±inf; one would poison the run silently
-            raise ConfigError(f"{key}: {value!r} is not a finite number")
-        return number
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{key}: expected a string, got {type(value).__name__} {value!r}")
-        return value
-    raise ConfigError(f"{key}: unsupported config type {tp}")  # a programming error in a dataclass
-
-
-def _as_float(value: Any) -> Optional[float]:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None

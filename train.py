@@ -17,7 +17,9 @@ from typing import Optional
 
 import torch
 
-from config import ConfigError, default_run_name, load_config, resolve_vocab, run_tags
+from config import default_run_name, load_config, resolve_vocab, run_tags
+
+from kernel.config import ConfigError
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "tiny_cpu.yaml"
 

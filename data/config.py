@@ -6,8 +6,10 @@ token shards; the same object tells the trainer where they are.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal, Optional
+
+from kernel.config import resumable
 
 NAMED_TOKENIZERS = ("gpt2", "r50k_base", "cl100k_base", "o200k_base")
 _BPE_SPEC = re.compile(r"bpe:(\d+)")
@@ -23,7 +25,7 @@ class DataConfig:
     tokenizer: str = "gpt2"
     seq_len: int = 1024
     # extra eval-only sets: prepared data dirs (resumable: a resumed run may evaluate on more or other sets)
-    val_sets: list[str] = field(default_factory=list, metadata={"resumable": True})
+    val_sets: list[str] = resumable(default_factory=list)
     # Fraction of documents held out for validation, chosen by a hash of each document's text (so the split is
     # the same on every machine and duplicates of a document land on the same side).
     val_frac: float = 0.02
@@ -34,7 +36,7 @@ class DataConfig:
     # Stop after this many train tokens (a streamed Hub dataset has no end). Resumable: a cap is checked against the
     # prepared dir by what it keeps (data.prepare.caps_agree), and the loader refuses a dir whose tokens differ from
     # the checkpoint's (its fingerprint)
-    max_tokens: Optional[int] = field(default=None, metadata={"resumable": True})
+    max_tokens: Optional[int] = resumable(None)
 
     def invariants(self) -> list[tuple[str, str]]:
         bad = []

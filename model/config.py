@@ -9,6 +9,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
+from kernel.config import resumable
+
 Placement = Literal["none", "input", "ap", "dp", "dnp"]
 Reparam = Literal["direct", "or", "er"]
 
@@ -84,7 +86,7 @@ class MoEConfig:
     z_coef: float = 0.0  # router z-loss, mean (logsumexp logits)² (ST-MoE) [U: off]
     # Routed hidden zero-padded to a multiple of this; None: model.ffn_pad_multiple, like every FFN. Configs written
     # before that key existed say 8 here (the grouped GEMM's 16-byte bf16 strides), which keeps meaning 8.
-    pad_multiple: Optional[int] = field(default=None, metadata={"resumable": True})  # storage only, as below
+    pad_multiple: Optional[int] = resumable(None)  # storage only, as below
     impl: ExpertImpl = "auto"  # auto: grouped GEMM on CUDA in bf16, else the exact per-expert loop
 
     def expert_dim(self, d_model: int) -> int:
@@ -135,7 +137,7 @@ class ModelConfig:
     # and cuBLAS then leaves its fastest kernels). The padding is exact zeros that no gradient reaches; parameter
     # counts, FLOPs, init and export use the logical size. 1: no padding. Checkpoints load across any value, so a
     # resume may change it.
-    ffn_pad_multiple: int = field(default=64, metadata={"resumable": True})
+    ffn_pad_multiple: int = resumable(64)
 
     @property
     def head_dim(self) -> int:

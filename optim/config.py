@@ -5,6 +5,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+from kernel.config import resumable
+
 WeightDecayMode = Literal["all", "iwd", "none", "no_input", "no_output"]
 
 
@@ -24,7 +26,7 @@ class MuonConfig:
     # Under FSDP2, each matrix's Newton–Schulz runs on one owner rank and the rows go back by all-to-all
     # (optim/muon_dist.py) instead of every rank gathering and orthogonalizing every matrix; the same numbers
     # (tests/test_optim_dist.py), so a resume may change it.
-    distributed: bool = field(default=True, metadata={"resumable": True})
+    distributed: bool = resumable(True)
 
     def invariants(self) -> list[tuple[str, str]]:
         bad = []

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from config import ConfigError, load_config
+from config import load_config
+
+from kernel.config import ConfigError
 from repro.figures import FIGURES, Figure
 from repro.paper import canonical
 from repro.proxy import PROXY, Shape, run_overrides

@@ -1,31 +1,13 @@
-"""The training run's own config sections (train, log) and the rules every section's fields follow.
-
-The root `config.py` composes these with the model's (model/config.py), the data's (data/config.py) and the
-optimizer's and schedule's (optim/config.py) into a RunConfig and loads it from YAML; nothing here imports it.
-
-Resume. A field whose value a resumed run may change (how often it logs or checkpoints, how it runs: the numbers
-of the experiment stay the same) says so on itself, `field(..., metadata=RESUMABLE)`; on a dataclass-typed field it
-covers the whole section. `resume_conflicts` refuses every other change.
+"""The training run's own config sections: train and log (with wandb). The root `config.py` composes them with the
+model's, the data's and the optimizer's and schedule's into a RunConfig; a field a resumed run may change says so
+with kernel/config.py's `resumable`.
 """
 from __future__ import annotations
 
-import dataclasses
-import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Literal, Optional
 
-import yaml
-
-# metadata of a field a resumed run may change (model/, data/ and optim/ spell the same plain dict)
-RESUMABLE = {"resumable": True}
-
-
-class ConfigError(ValueError):
-    """A bad config: names the dotted key, the problem and, for typos, the closest valid key."""
-
-
-def _resumable(default: Any) -> Any:
-    return field(default=default, metadata=RESUMABLE)
+from kernel.config import resumable as _resumable
 
 
 @dataclass
@@ -119,51 +101,3 @@ class LogConfig:
 
     def invariants(self) -> list[tuple[str, str]]:
         return [("every", f"{self.every} must be positive")] if self.every <= 0 else []
-
-
-# ----------------------------------------------------------------------------------------------------- resume
-
-def resumable_keys(cls: type, prefix: str = "") -> tuple[str, ...]:
-    """The dotted keys of `cls`'s fields marked RESUMABLE, in its nested config sections too; a marked section is
-    given as its prefix ("log.")."""
-    hints = typing.get_type_hints(cls)  # the annotations are strings (from __future__ import annotations)
-    out: list[str] = []
-    for f in dataclasses.fields(cls):
-        section = _section(hints[f.name])
-        if f.metadata.get("resumable"):
-            out.append(f"{prefix}{f.name}." if section is not None else f"{prefix}{f.name}")
-        elif section is not None:
-            out.extend(resumable_keys(section, f"{prefix}{f.name}."))
-    return tuple(out)
-
-
-def _section(tp: Any) -> Optional[type]:
-    """The config dataclass a field holds (Optional[X] → X), or None for a plain value."""
-    args = [a for a in typing.get_args(tp) if a is not type(None)] or [tp]
-    return next((a for a in args if dataclasses.is_dataclass(a)), None)
-
-
-def resume_conflicts(saved_yaml: str, cfg: Any) -> list[str]:
-    """Dotted keys whose value differs between a checkpoint's config and `cfg` (a run config dataclass), other than
-    the RESUMABLE fields: resuming across such a change would silently continue a different experiment. A key the
-    checkpoint's config lacks (written before the key existed) counts as its default, which is what that run
-    used."""
-    resumable = resumable_keys(type(cfg))
-    defaults = flat(type(cfg)().to_dict())
-    saved = {**defaults, **flat(yaml.safe_load(saved_yaml))}
-    current = flat(cfg.to_dict())
-    keys = sorted(set(saved) | set(current))
-    sections = tuple(r for r in resumable if r.endswith("."))
-    return [f"{k}: {saved.get(k)!r} in the checkpoint, {current.get(k)!r} now" for k in keys
-            if saved.get(k) != current.get(k) and k not in resumable and not k.startswith(sections)]
-
-
-def flat(d: dict, prefix: str = "") -> dict:
-    """{"a": {"b": 1}} → {"a.b": 1}."""
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out

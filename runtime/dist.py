@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from runtime.config import ConfigError
+from kernel.config import ConfigError
 
 
 class LaunchError(RuntimeError):

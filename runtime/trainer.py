@@ -37,7 +37,7 @@ from data.shards import load_meta
 from optim import clip_grad_norm, lr_at, set_lr
 from runtime.build import build_training_model
 from runtime.checkpoint import load_checkpoint, load_extra, save_checkpoint
-from runtime.config import ConfigError, resume_conflicts
+from kernel.config import ConfigError, resume_conflicts
 from runtime.dist import DistInfo, StopConsensus
 from runtime.guard import NonFiniteGuard, describe
 from runtime.logging import RunLogger, git_commit

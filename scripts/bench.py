@@ -55,7 +55,9 @@ from typing import Optional
 
 import torch
 
-from config import SCALE_PRESETS, ConfigError, load_config
+from config import SCALE_PRESETS, load_config
+
+from kernel.config import ConfigError
 from runtime.benchmark import (build_parser, format_footprint, format_header, format_table, make_batches, plan,
                                time_designs, with_data)
 from runtime.memory_probe import memory_probe, run_probes

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import torch
 
-from config import ConfigError, load_config, resolve_vocab
+from config import load_config, resolve_vocab
+
+from kernel.config import ConfigError
 from data.tokenizer import TokenizerError
 from model.hf import export
 from model.llama import build_model

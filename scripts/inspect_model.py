@@ -10,7 +10,9 @@ import sys
 
 import torch
 
-from config import ConfigError, load_config, resolve_vocab
+from config import load_config, resolve_vocab
+
+from kernel.config import ConfigError
 from data.tokenizer import TokenizerError
 from model.llama import Llama
 from model.summary import breakdown, format_breakdown

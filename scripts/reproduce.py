@@ -23,7 +23,9 @@ import os
 import sys
 from pathlib import Path
 
-from config import ConfigError, load_config
+from config import load_config
+
+from kernel.config import ConfigError
 from repro.figures import FIGURES
 from repro.jobs import command, jobs, run_jobs, shown
 from runtime.files import out_path_problem

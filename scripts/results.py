@@ -24,7 +24,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from config import ConfigError
+from kernel.config import ConfigError
 from repro.comparisons import Plan
 from repro.experiments import config_of
 from repro.jobs import command

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import torch
 
-from config import ConfigError, load_config
+from config import load_config
+
+from kernel.config import ConfigError
 from data.tokenizer import TokenizerError, load_tokenizer
 from model.generate import generate
 from model.llama import build_model

@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from config import ConfigError
+from kernel.config import ConfigError
 from repro.runs import MetricsError, Run, load_run
 
 

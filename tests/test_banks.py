@@ -10,7 +10,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-from config import OptimConfig
+from optim.config import OptimConfig
 from model.config import Role
 from model.llama import Llama, build_model
 from model.vectors import ScaleBank, ScaleVector

@@ -5,7 +5,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from config import ConfigError, RunConfig, build_config, load_config
+from config import RunConfig, build_config, load_config
+
+from kernel.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -111,7 +113,7 @@ def test_resolved_yaml_round_trips():
 def test_resume_treats_keys_added_later_as_their_defaults():
     """A run saved before a key existed (here model.scale.router and model.moe) resumes under the new code; a real
     difference is still a conflict."""
-    from config import resume_conflicts
+    from kernel.config import resume_conflicts
     cfg = load_config(ROOT / "configs/tiny_cpu.yaml")
     saved = yaml.safe_load(cfg.to_yaml())
     del saved["model"]["scale"]["router"], saved["model"]["moe"]
@@ -127,8 +129,10 @@ def test_which_keys_a_resume_may_change_is_stated_on_the_fields():
     it. A marked key may change on resume, an unmarked one is a conflict, in every section."""
     from dataclasses import replace
 
-    from config import RunConfig, resume_conflicts
-    from runtime.config import resumable_keys
+    from config import RunConfig
+
+    from kernel.config import resume_conflicts
+    from kernel.config import resumable_keys
     keys = resumable_keys(RunConfig)
     assert "log." in keys and "train.micro_batch" in keys and "model.ffn_pad_multiple" in keys
     assert "model.moe.pad_multiple" in keys and "optim.muon.distributed" in keys and "data.max_tokens" in keys
@@ -166,3 +170,29 @@ def test_run_tags_name_what_sets_a_curve_apart():
     assert tags[0] == "fig5" and {"hg_dp", "optim:adamw", "schedule:cosine", "lr:0.002", "seed:3"} <= set(tags)
     assert "moe" in run_tags(load_config(ROOT / "configs/figures/fig7/0.5b_unified.yaml"))
     assert "custom" in run_tags(load_config(ROOT / "configs/tiny_cpu.yaml", ["model.scale.reparam=er"]))
+
+
+def test_a_literal_matches_by_type_and_a_union_tries_each_member():
+    """`1 == True` in Python, but `train.compile=1` is not the setting true; a Union's later members are reachable
+    (the loader once coerced every value to a Union's first member)."""
+    from dataclasses import dataclass
+    from typing import Literal, Optional, Union
+
+    from kernel.config import build
+    with pytest.raises(ConfigError, match=r"train\.compile: 1 is not one of \['auto', True, False\]"):
+        load_config(overrides=["train.compile=1"])
+    assert load_config(overrides=["train.compile=true"]).train.compile is True
+    assert load_config(overrides=["train.compile=auto"]).train.compile == "auto"
+
+    @dataclass
+    class Section:
+        either: Union[int, str] = 0
+        maybe: Optional[int] = None
+        flag: Literal[0, "0"] = 0
+    assert build(Section, {"either": "abc"}).either == "abc"
+    assert build(Section, {"either": 7}).either == 7
+    assert build(Section, {"flag": "0"}).flag == "0" and build(Section, {"flag": 0}).flag == 0
+    with pytest.raises(ConfigError, match=r"either: \[1\] fits none of int \| str"):
+        build(Section, {"either": [1]})
+    with pytest.raises(ConfigError, match=r"maybe: expected an integer, got str 'x'"):
+        build(Section, {"maybe": "x"})

@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 import train
-from config import ConfigError, RunConfig, load_config
+from config import RunConfig, load_config
+from kernel.config import ConfigError
 
 CONFIGS = sorted(p for p in Path("configs").rglob("*.yaml"))
 N_RANDOM = 160  # random mutations on top of the exhaustive ones below

@@ -12,7 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from config import ConfigError, build_config
+from config import build_config
+
+from kernel.config import ConfigError
 from data.builtin import pd_english_documents
 from data.config import DataConfig
 from data.loader import TrainLoader, read_meta, val_batches

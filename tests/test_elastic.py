@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import train
-from config import ConfigError, load_config
+from config import load_config
+from kernel.config import ConfigError
 from test_moe_train import MOE, moe_state
 from runtime.checkpoint import checkpoint_tensors, latest_checkpoint
 from runtime.rundir import LOCK_FILE

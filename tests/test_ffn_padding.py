@@ -12,7 +12,11 @@ import pytest
 import torch
 import yaml
 
-from config import OptimConfig, load_config, resume_conflicts
+from config import load_config
+
+from kernel.config import resume_conflicts
+
+from optim.config import OptimConfig
 from model.config import ModelConfig, MoEConfig
 from model.llama import Llama, build_model
 from optim import build_optimizer

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from config import _flat, load_config, resolve_vocab
+from config import load_config, resolve_vocab
+
+from kernel.config import flat as _flat
 from model.llama import Llama
 from repro.figures import FIGURES, FIGURES_DIR
 from test_model import PAPER_DENSE

@@ -8,7 +8,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from config import OptimConfig, MuonConfig, load_config
+from config import load_config
+
+from optim.config import MuonConfig, OptimConfig
 from model.config import ModelConfig, MoEConfig, Role, ScaleConfig
 from model.llama import Llama, build_model, plain_config
 from model.moe import MoE
@@ -303,7 +305,7 @@ def test_roles_and_vector_placement():
 
 
 def test_router_knob_is_refused_where_it_means_nothing():
-    from config import ConfigError
+    from kernel.config import ConfigError
     with pytest.raises(ConfigError, match="scale.router"):
         load_config(["configs/tiny_cpu.yaml"], ["model.scale.router=true"])
     with pytest.raises(ConfigError, match="moe.top_k"):

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from config import MuonConfig, OptimConfig
+from optim.config import MuonConfig, OptimConfig
 from optim.muon import Muon, NSSpec, update_scale, zeropower_via_newtonschulz
 from optim.muon_dist import assign_owners, ns_cost, plan_buckets, shard_sizes
 

@@ -23,7 +23,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
-from config import MuonConfig, OptimConfig, ScheduleConfig
+from optim.config import MuonConfig, OptimConfig, ScheduleConfig
 from model.config import Role
 from optim import build_optimizer, clip_grad_norm, lr_at, set_lr
 from optim.muon import Muon, NSSpec, zeropower_via_newtonschulz

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from config import MuonConfig, OptimConfig
+from optim.config import MuonConfig, OptimConfig
 from model.config import Role
 from optim import build_optimizer, decays, param_groups, set_lr
 

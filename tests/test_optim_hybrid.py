@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from config import MuonConfig, OptimConfig
+from optim.config import MuonConfig, OptimConfig
 from model.config import Role
 from optim import build_optimizer, param_groups, set_lr
 from optim.hybrid import HybridOptimizer

@@ -13,7 +13,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from config import ConfigError, build_config, load_config
+from config import build_config, load_config
+
+from kernel.config import ConfigError
 from model.config import ModelConfig, MoEConfig, ScaleConfig
 from model.llama import Llama
 from runtime.parallel import CheckpointedBlock, apply_activation_checkpointing

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import train
-from config import ConfigError
+from kernel.config import ConfigError
 from multiproc import free_port, spawn
 from runtime.checkpoint import CheckpointError
 from runtime.rundir import LOCK_FILE, RunDirError, lock_run_dir

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from config import ScheduleConfig
+from optim.config import ScheduleConfig
 from optim.schedule import lr_at, wsd_decay_start
 
 PEAK = 4e-3

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import train
-from config import ConfigError, load_config
+from config import load_config
+from kernel.config import ConfigError
 from data.config import DataConfig
 from data.prepare import prepare
 from runtime.trainer import NonFiniteError
