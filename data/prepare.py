@@ -3,7 +3,7 @@
     python -m data.prepare --source builtin:pd_english --tokenizer gpt2 --out data_cache/pd_english
     python -m data.prepare --source builtin:pd_english --tokenizer bpe:8192 --out data_cache/pd_english_bpe8192
     python -m data.prepare --source hf:HuggingFaceFW/fineweb-edu:sample-10BT --max-tokens 1e9 --out data_cache/fwe
-    python -m data.prepare --eval-only --source ../shared/data/wikitext-2-raw-test/wiki.test.raw \\
+    python -m data.prepare --eval-only --source path/to/wiki.test.raw \\
         --like data_cache/pd_english --out data_cache/wikitext2_test          # an eval set, same tokenizer
 
 Each document becomes [EOT] + its tokens (EOT first, as in llm.c: the first token of every document is

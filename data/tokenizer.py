@@ -62,7 +62,6 @@ KNOWN: dict[str, KnownEncoding] = {
         {ENDOFTEXT: 199999, "<|endofprompt|>": 200018}),
 }
 assert set(KNOWN) == set(NAMED_TOKENIZERS)
-_SHARED_HINT = " (this project's machines have it: `export SCALEVEC_TOKENIZER_DIR=../shared/tokenizers`)"
 
 
 class TokenizerError(ValueError):
@@ -222,5 +221,5 @@ def named_ranks(name: str) -> dict[bytes, int]:
         raise TokenizerError(
             f"cannot load tokenizer {name!r}: tiktoken could not fetch {url} ({type(e).__name__}: "
             f"{str(e)[:160]}). Offline, put the ranks file ({known.file}, sha256 {known.sha256[:12]}…) at "
-            f"$SCALEVEC_TOKENIZER_DIR/{name}.tiktoken{_SHARED_HINT if known is _GPT2 else ''} or set the "
+            f"$SCALEVEC_TOKENIZER_DIR/{name}.tiktoken or set the "
             f"tokenizer to the file's path. Folders searched: {searched}") from None

@@ -71,7 +71,7 @@ FIG6_MULTIPLIER, FIG7_MULTIPLIER = 1.22, 1.25  # docs/paper.md §4.5, §4.6: equ
 FIG1_SAME_LR, FIG1_BEST_LR = +0.0285, +0.0149  # docs/paper.md §4.1: without − with scale vectors
 FIG8_DELTA, FIG8_MOE_DELTA = -0.0156, -0.0188  # docs/paper.md §4.7: Dense-0.12B, MoE-0.5B, unified − baseline
 FIG9_DELTA, FIG9_MOE_DELTA = -0.0269, -0.0186  # docs/paper.md §4.8
-LR_FACTORS = (0.5, 1.0, 2.0)  # issue 29, item 5: the headline at ×½, ×1 and ×2 of the paper's lr
+LR_FACTORS = (0.5, 1.0, 2.0)  # the headline at ×½, ×1 and ×2 of the paper's lr
 
 
 @dataclass
@@ -124,7 +124,7 @@ def default_comparisons(lrs: tuple[float, ...]) -> list[Comparison]:
                           "docs/paper.md §4.6",
                           tuple(c for shape in MOE_LADDER for c in pair("7", "0.5b", mean(FIG7_DELTAS.values()), shape)),
                           kind="ladder", paper_sizes=tuple(FIG7_DELTAS.items()), paper_multiplier=FIG7_MULTIPLIER))
-    # Issue 29, item 5: the headline rungs over ×½, ×1, ×2 of the paper's lr, appended so that no run directory of
+    # The headline rungs over ×½, ×1, ×2 of the paper's lr, appended so that no run directory of
     # the comparisons above is renamed or reordered; the ×1 curves are the ladders' rungs, the same run directories.
     out.append(lr_headline("fig6-best_lr", "Fig. 6", "6", "0.12b", mean(FIG6_DELTAS.values()), DENSE))
     out.append(lr_headline("fig7-best_lr", "Fig. 7", "7", "0.5b", mean(FIG7_DELTAS.values()), MOE))
@@ -143,7 +143,7 @@ def fig1_grid(lrs: tuple[float, ...]) -> LrGrid:
 
 def lr_headline(key: str, fig: str, figure: str, run: str, paper: float, shape: Shape) -> Comparison:
     """A headline rung (`pair(figure, run, ..., shape)`, a ladder's) at ×½, ×1 and ×2 of the paper's lr, unified
-    − baseline at the paper's lr and with each at its best (issue 29, item 5). The paper's lr is the figure config's
+    − baseline at the paper's lr and with each at its best. The paper's lr is the figure config's
     baseline lr (docs/paper.md §2.1, §2.2: one lr per size), which the paper tuned for the baseline and used for the
     improved model too (§2.1): its Δ is the baseline at its best lr, so both rows are read against it, as the rung
     is. The ×1 curves keep the rung's suffix: with their lr equal to the config's they are the rung's experiments,

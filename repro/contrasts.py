@@ -1,4 +1,4 @@
-"""Which of the page's deltas are measurements of their own and which are sums of others (issue 29, item 3).
+"""Which of the page's deltas are measurements of their own and which are sums of others.
 
 Every row is ours − reference in the seed-mean final loss, so it is a vector over the run-mean columns (one column
 per curve's run directories): +1 on ours, −1 on its reference. HG+DNP − HG is then exactly (HG+DP − HG) +

@@ -10,7 +10,7 @@ reference strategy needs to reach the loss the other reaches. Two laws with equa
 (a_ref/a_new)^(1/b) (the paper's 1.22×: (2.6165/2.5880)^(1/0.0547), docs/paper.md §4.5); with different exponents it
 changes along the compute axis, and it is 1 where the two laws cross.
 
-Every multiplier and crossing the page prints carries a bootstrap interval over seeds (issue 29, item 6): resample
+Every multiplier and crossing the page prints carries a bootstrap interval over seeds (results v3): resample
 each rung's seeds with replacement (the two strategies' runs of a seed stay paired), refit both laws to the
 resampled seed means, and take the 2.5 and 97.5 percentiles over BOOTSTRAP_RESAMPLES resamples from a fixed RNG
 seed. The fits are closed-form least squares, so 2,000 resamples take milliseconds. With 4 seeds a percentile

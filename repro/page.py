@@ -192,33 +192,33 @@ def seeds_per_curve(res: Results) -> str:
 
 
 def scope(res: Results, retuned: bool = False) -> list[str]:
-    """The eval set the runs read (repro/sources.py: from the runs), and what of issue 29 the runs cannot do yet
-    (its items that need new runs; item 5 until `retuned`, the headline's lr grids all run); v2's runs read the val
-    split's first tokens (one source)."""
+    """The eval set the runs read (repro/sources.py: from the runs), and what of v3's reading the runs cannot do
+    yet (what needs new runs; best lr against best lr until `retuned`, the headline's lr grids all run); v2's runs
+    read the val split's first tokens (one source)."""
     rules = ("labels that say when an interval excludes the paper's value or cannot tell, a count over linearly "
              "independent rows with Holm and Benjamini–Hochberg corrections, bootstrap intervals on every multiplier "
              "and crossing, and the seeds each central claim needs")
     lines = composition_lines(res)
-    item5 = "" if retuned else " and best lr against best lr for the headline (item 5)"
+    item5 = "" if retuned else " and best lr against best lr for the headline"
     said, apart = (lines[0], []) if len(lines) == 1 else ("The runs read different eval sets (below).", ["", *lines])
     if res.loaded and all_prefix(res):
-        return [f"**Still the v2 runs, read with v3's rules.** {said} What is new is how the same runs are read (issue "
-                f"29, items 2, 3, 6 and 7): {rules}. The proxy now evaluates on the training mixture "
+        return [f"**Still the v2 runs, read with v3's rules.** {said} What is new is how the same runs are read: "
+                f"{rules}. The proxy now evaluates on the training mixture "
                 "(`train.eval_sample: mixture` in configs/proxy/tiny.yaml: the whole validation split, a loss per "
                 "source); these runs predate it, and their deltas cannot be paired with runs that read it. Not run "
-                "yet: the runs on that eval set, the seeds that would power the central claims (item 4: the count "
-                f"below says how many){item5}.", *apart]
+                "yet: the runs on that eval set, the seeds that would power the central claims (the count below "
+                f"says how many){item5}.", *apart]
     todo = []
     short = short_of_power(res)
     if short:
         todo.append(f"the seeds that would power {len(short)} of the paper's central claims ({'; '.join(short)}; "
-                    "item 4: the count below gives the seeds each would need)")
+                    "the count below gives the seeds each would need)")
     if not retuned:
-        todo.append("best lr against best lr for the headline (item 5)")
+        todo.append("best lr against best lr for the headline")
     powered = ("" if short else f" Every one of the paper's {len(CENTRAL)} central claims has the seeds for an MDE at "
-               f"or below the larger of its |Δ| and {MDE_FLOOR:g} (item 4: the count below).")
+               f"or below the larger of its |Δ| and {MDE_FLOOR:g} (the count below).")
     return [f"**The eval set.** {said}", *apart, "",
-            f"Read with v3's rules (issue 29, items 2, 3, 6 and 7): {rules}." + powered
+            f"Read with v3's rules: {rules}." + powered
             + (f" Not done yet: {' and '.join(todo)}." if todo else "")]
 
 

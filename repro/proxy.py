@@ -46,7 +46,7 @@ so the proxy runs eager fp32 everywhere: bf16 is 5.4× slower (7.6k / 1.4k) on a
 compile costs about a minute per run for at most 1.15× per step. Runs of one page may be done in parts on different
 CPUs; fp32 keeps each part's speed predictable.
 
-Evaluation (issue 29, item 1): every evaluation reads the training mixture, every window of the val split (105,216
+Evaluation (results v3): every evaluation reads the training mixture, every window of the val split (105,216
 targets; data/evalset.py), and WikiText-2's first 32,768 tokens as v2 did. Trainer.step and Trainer.evaluate of the
 dense proxy timed alternately in one process, one thread, eager fp32 (torch 2.11, on an otherwise idle 16-core
 machine: this one's 2 cores were shared), medians of 2 × 20 steps and 2 evaluations, for a run of 1,076 steps and

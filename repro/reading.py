@@ -23,17 +23,17 @@ from repro.stats import (ALPHA, CONTRADICTS, FAR, LARGER, REPRODUCES, RULED_OUT,
                          VERDICTS, far, fmt, ratio, stat, verdict_class)
 from repro.versions import V1, V2, PastPage
 
-# The paper's central claims (issue 29, item 4): (what it is, comparison key, row label or its start).
+# The paper's central claims: (what it is, comparison key, row label or its start).
 CENTRAL = (("Dense unified vs baseline, the 0.12B proxy", "fig6-ladder", DENSE.label),
            ("MoE unified vs baseline, the 0.5B proxy", "fig7-ladder", MOE.label),
            ("Fig. 1, without vs with scale vectors at the same lr", "fig1-lr_grid", "same lr"),
            ("Muon, dense", "fig8-muon", "unified"), ("WSD, dense", "fig9-wsd", "unified"),
            ("Muon, MoE", "fig8-muon_moe", "unified"), ("WSD, MoE", "fig9-wsd_moe", "unified"))
-MDE_FLOOR = 0.02  # issue 29, item 4: an MDE at or below the larger of the paper's |Δ| and this
-# The headline at each design's best lr (issue 29, item 5): (what it is, the lr grid's comparison key).
+MDE_FLOOR = 0.02  # a central claim's seeds aim at an MDE at or below the larger of the paper's |Δ| and this
+# The headline at each design's best lr: (what it is, the lr grid's comparison key).
 RETUNED = (("Dense unified vs baseline, each at its best lr", "fig6-best_lr"),
            ("MoE unified vs baseline, each at its best lr", "fig7-best_lr"))
-RETUNED_SEEDS = 4  # issue 29, item 5: each at three lrs at ≥ 4 seeds
+RETUNED_SEEDS = 4  # the headline retuned: each design at three lrs at ≥ 4 seeds
 
 
 def distinct(res: Results) -> list[Row]:
@@ -226,7 +226,7 @@ def basis_lines(c: Contrasts) -> list[str]:
 
 
 def target_mde(r: Row) -> float:
-    """Issue 29, item 4: the MDE a central claim needs, the larger of the paper's |Δ| and MDE_FLOOR."""
+    """The MDE a central claim needs, the larger of the paper's |Δ| and MDE_FLOOR."""
     return max(abs(r.paper), MDE_FLOOR) if r.paper is not None else MDE_FLOOR
 
 
@@ -255,7 +255,7 @@ def power_lines(res: Results) -> list[str]:
            "",
            "| claim | row | seeds | paired sd | MDE now | paper Δ | target MDE | seeds for it |",
            "|---|---|---|---|---|---|---|---|"]
-    # Each lr grid's best-lr-against-best-lr row (issue 29, item 5, and Fig. 1's own second row), for reference: not
+    # Each lr grid's best-lr-against-best-lr row (and Fig. 1's own second row), for reference: not
     # a central claim, so it sets no target the opening reports, and its best lrs are themselves read from the seeds.
     best = [("Best lr against best lr (for reference)", grid[1]) for comp in res.plan.comparisons
             if comp.kind == "lr_grid" and len(grid := res.rows_of(comp)) == 2 and grid[1].delta is not None]
@@ -274,7 +274,7 @@ TAIL_EVALS = (3, 5)  # the last evaluations averaged, against the last one alone
 
 
 def variance_lines(res: Results, rows: list[Row]) -> list[str]:
-    """Whether the paired sd can be cut without changing what is measured (issue 29, item 4), from the same runs:
+    """Whether the paired sd can be cut without changing what is measured, from the same runs:
     averaging each run's last few evaluations (it helps only if the spread is evaluation noise), and what pairing by
     seed (the same init and data order in both curves) buys over independent runs: the paired difference's variance
     is sd²_ours + sd²_ref − 2ρ·sd_ours·sd_ref, so it pays only as far as the curves' finals correlate (ρ > 0)."""

@@ -30,7 +30,7 @@ from repro.jobs import Job, command, make_job
 from repro.runs import load_run
 
 ROOT = Path(__file__).resolve().parent.parent
-WIKITEXT_SOURCE = ROOT.parent / "shared" / "data" / "wikitext-2-raw-test" / "wiki.test.raw"
+WIKITEXT_ENV = "SCALEVEC_WIKITEXT"  # the default for --wikitext: a path to wiki.test.raw
 WIKITEXT_URL = "https://huggingface.co/datasets/Salesforce/wikitext (config wikitext-2-raw-v1, split test)"
 
 
@@ -223,8 +223,8 @@ def prepare_wikitext(data: DataConfig, out: Path, source: Optional[Path]) -> Non
     ensure_prepared(replace(data, val_sets=[]))
     if (out / META_FILE).is_file():
         return
-    src = source or (WIKITEXT_SOURCE if WIKITEXT_SOURCE.is_file() else None)
+    src = source or os.environ.get(WIKITEXT_ENV)
     if src is None or not Path(src).is_file():
         raise FileNotFoundError(f"WikiText-2's test set is needed as {out}: give --wikitext PATH to its raw test "
-                                f"file (wiki.test.raw, from {WIKITEXT_URL})")
+                                f"file (wiki.test.raw, from {WIKITEXT_URL}), or set {WIKITEXT_ENV}")
     prepare(DataConfig(source=str(src), dir=str(out)), eval_only=True, like=data.dir, progress=False)

@@ -94,10 +94,10 @@ def panel_section(res: Results, comp: Comparison, img_dir: Path) -> tuple[list[s
 
 
 def lr_grid_section(res: Results, comp: Comparison, img_dir: Path) -> list[str]:
-    """An lr grid (Fig. 1; the headline rungs, issue 29, item 5): each design's final loss at every lr with its best
-    marked, then ours − reference at the same lr and with each at its best lr, and what retuning does to the lead.
-    Until every curve has a finished run the section is one line saying what has not run (and the comparison has no
-    rows: repro/measure.py)."""
+    """An lr grid (Fig. 1; the headline rungs at ×½, ×1 and ×2 the paper's lr): each design's final loss at every lr
+    with its best marked, then ours − reference at the same lr and with each at its best lr, and what retuning
+    does to the lead. Until every curve has a finished run the section is one line saying what has not run (and
+    the comparison has no rows: repro/measure.py)."""
     g, rows, out = comp.grid, res.rows_of(comp), [f"### {comp.title}", ""]
     missing = res.missing(comp)
     if missing:

@@ -81,7 +81,7 @@ def ratio(delta: Optional[Stat], paper: Optional[float]) -> Optional[float]:
 
 
 # The verdict classes, in the order the page tallies them. Each says what the interval can and cannot say about the
-# paper's value (issue 29, item 2): no label hides an interval that excludes the paper's value.
+# paper's value (results v3): no label hides an interval that excludes the paper's value.
 REPRODUCES, LARGER, SMALLER, CONTRADICTS, RULED_OUT, UNINFORMATIVE, UNDECIDED, RESOLVED, UNRESOLVED, ONE_SEED, \
     NO_RUNS = ("reproduces", "right sign, larger", "right sign, smaller", "contradicts",
                "the paper's size is ruled out here", "cannot tell at this power (uninformative)",
@@ -137,7 +137,7 @@ def verdict(delta: Optional[Stat], paper: Optional[float]) -> str:
     return v
 
 
-# What retuning the lr does to the same-lr delta's lead (issue 29, item 5), from the same-lr and best-vs-best deltas.
+# What retuning the lr does to the same-lr delta's lead (results v3), from the same-lr and best-vs-best deltas.
 SURVIVES, FADES, REVERSES, APPEARS, NO_LEAD, TOO_FEW = ("survives", "does not survive", "reverses", "appears",
                                                         "no lead", "too few seeds")
 

@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--page", type=Path, default=DEFAULT_PAGE, help="the page to write; its plots "
                    "go to img/<its name>/ beside it (docs/img/results/ for docs/results.md)")
     p.add_argument("--lrs", default=DEFAULT_LRS, help="Fig. 1's lr grid, for both models")
-    p.add_argument("--wikitext", type=Path, help="WikiText-2's raw test file (default: ../shared's copy)")
+    p.add_argument("--wikitext", type=Path, help="WikiText-2's raw test file (default: $SCALEVEC_WIKITEXT)")
     p.add_argument("--wikitext-dir", default="data_cache/wikitext2_bpe1024", help="its prepared eval-only set")
     p.add_argument("--jobs", type=int, default=1, help="runs at once, each with cores/jobs threads (2 on 2 cores: "
                    "1.2× the throughput, see repro/runner.py, run_all)")

@@ -1,4 +1,4 @@
-"""The headline at each design's best lr (issue 29, item 5; repro/comparisons.py lr_headline): the dense and MoE
+"""The headline at each design's best lr (repro/comparisons.py lr_headline): the dense and MoE
 rungs' curves at ×½, ×1 and ×2 of the paper's lr, whose ×1 runs are the ladders' rung runs; the best lr of each
 design chosen over the same seeds and paired by seed on synthetic runs; what retuning does to a lead; and the page's
 text with and without those runs."""
@@ -63,7 +63,7 @@ def test_the_headline_grids_and_their_x1_runs_are_the_rungs():
 
 
 def test_only_selects_the_new_runs_of_item_5(capsys):
-    """The command the page names for item 5's ×½ and ×2 runs: dense unified ×2, MoE baseline and unified ×2, per
+    """The command the page names for the ×½ and ×2 runs: dense unified ×2, MoE baseline and unified ×2, per
     seed, and the dense baseline's two that are Fig. 1's."""
     from scripts import results
     uniques, where = plan_runs(Plan(4), "runs/x")
@@ -165,7 +165,8 @@ def test_best_lrs_that_differ_are_chosen_per_design_and_paired_by_seed(tmp_path)
     assert f"**{verdict_class(best.delta, -0.0302)}**" in line and "does not survive lr retuning" in line
     assert "Of 2 distinct deltas (1 more row is the same runs as another, shown once)" in "\n".join(
         count_section(res, []))
-    assert retuned_done(res) and "(item 5)" not in " ".join(scope(res, True))  # the plan's grid, at 4 seeds
+    # the plan's grid, at 4 seeds
+    assert retuned_done(res) and "best lr against best lr for the headline" not in " ".join(scope(res, True))
 
 
 def test_the_best_lr_is_chosen_over_the_seeds_every_lr_has(tmp_path):
@@ -216,7 +217,8 @@ def test_a_best_lr_at_the_grids_edge_is_named(tmp_path, losses, said):
 
 def test_the_page_says_in_one_line_what_has_not_run(tmp_path):
     """Without the unified runs at ×½ and ×2 (the v2 archive): one line naming them and the command that trains them,
-    no row of the grid (nothing counted, no best-vs-best line in the reading), item 5 still listed as not done."""
+    no row of the grid (nothing counted, no best-vs-best line in the reading), best lr against best lr still listed
+    as not done."""
     only_x1 = {k: v for k, v in BEST_DIFFER.items() if k != "unified lr 2e-3" and k != "unified lr 8e-3"}
     plan, where, grid = dense_plan(tmp_path, only_x1)
     for lr in ("2e-3", "8e-3"):
@@ -234,7 +236,7 @@ def test_the_page_says_in_one_line_what_has_not_run(tmp_path):
     assert "each at its best lr" not in "\n".join(plain_reading(res))
     assert "Of 1 distinct deltas:" in "\n".join(count_section(res, []))
     assert res.readers(plan.comparisons[0], plan.comparisons[0].curves[0]) == []  # a grid not run reads nothing
-    assert "(item 5)" in " ".join(scope(res, retuned_done(res)))
+    assert "best lr against best lr for the headline" in " ".join(scope(res, retuned_done(res)))
     # The proxy's floors are checked on every finished run, the grid's not shown yet included (the baseline at ×½
     # and ×2), so its count is the page's first line's.
     floors = next(x for x in proxy_section(res) if "finished runs" in x)

@@ -45,7 +45,7 @@ def test_offline_without_the_file_is_a_clear_error(tmp_path, monkeypatch):
     t0 = time.time()
     with pytest.raises(TokenizerError, match=r"SCALEVEC_TOKENIZER_DIR/gpt2\.tiktoken") as e:
         load_tokenizer("gpt2")
-    assert "../shared/tokenizers" in str(e.value)
+    assert "shared" not in str(e.value)  # the message names no folder outside this repository
     assert time.time() - t0 < 10
 
 

@@ -100,7 +100,7 @@ def test_mixture_runs_state_their_composition_and_each_sources_loss(tmp_path):
     # Dense WSD's paired deltas do not spread (MDE 0): powered; the other 6 central claims have no runs here.
     assert "Not done yet: the seeds that would power 6 of the paper's central claims (Dense unified vs baseline, " \
            "the 0.12B proxy; MoE unified vs baseline, the 0.5B proxy; Fig. 1, without vs with scale vectors at the " \
-           "same lr; Muon, dense; Muon, MoE; WSD, MoE; item 4" in text
+           "same lr; Muon, dense; Muon, MoE; WSD, MoE; the count below" in text
     table = source_table(res, comp)
     assert "| per source | mixture (val loss) | shakespeare | kjv |" in table
     base = {m: stat([res.runs_of(comp, comp.curves[0])[s].final_eval[m] for s in range(SEEDS)])
@@ -146,9 +146,10 @@ def test_only_trains_the_curves_it_names_and_refuses_a_pattern_that_matches_none
 
 
 def test_the_variance_table_measures_tail_averaging_and_pairing(tmp_path):
-    """Issue 29, item 4's question from the runs: the paired sd at the last eval, of the last evals averaged, and the
-    unpaired sd of the same runs with the curves' correlation. In this panel both curves rise with the seed alike:
-    pairing removes all of the spread (paired sd 0, ρ = +1), which unpaired would be √2 · the curves' sd."""
+    """Whether pairing and tail averaging cut the sd, from the runs: the paired sd at the last eval, of the last evals
+    averaged, and the unpaired sd of the same runs with the curves' correlation. In this panel both curves rise
+    with the seed alike: pairing removes all of the spread (paired sd 0, ρ = +1), which unpaired would be √2 ·
+    the curves' sd."""
     from repro.reading import TAIL_EVALS, correlation, variance_lines
     res, comp = panel(tmp_path)
     row = next(r for r in res.rows if r.comparison is comp)
@@ -195,8 +196,8 @@ def test_the_scope_says_so_when_every_central_claim_is_powered(tmp_path, monkeyp
     monkeypatch.setattr(page, "short_of_power", lambda res: [])
     text = "\n".join(page.scope(res, retuned=True))
     assert "Every one of the paper's 7 central claims has the seeds for an MDE at or below the larger of its |Δ| " \
-           "and 0.02 (item 4: the count below)." in text and "Not done yet" not in text
+           "and 0.02 (the count below)." in text and "Not done yet" not in text
     monkeypatch.setattr(page, "short_of_power", lambda res: ["WSD, MoE"])
     text = "\n".join(page.scope(res, retuned=True))
     assert "Every one of" not in text and "Not done yet: the seeds that would power 1 of the paper's central " \
-           "claims (WSD, MoE; item 4" in text
+           "claims (WSD, MoE; the count below" in text
