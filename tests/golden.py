@@ -144,6 +144,18 @@ CASES: list[Case] = [
     # the bias balancing too (the loads all-reduced over ranks decide each expert's bias step)
     Case("moe_unified_adamw_cosine_2ranks", (*MOE, *_scale("unified"), "model.moe.balance=bias",
                                              "model.moe.bias_rate=0.01", "train.micro_batch=4"), ranks=2),
+    # the other designs and paths of the step, each case carrying one design and one or two paths
+    Case("dense_hg_ap_adamw_wsd_ckpt_full", (*_scale("hg_ap"), "schedule.name=wsd", "train.micro_batch=8",
+                                             "train.activation_checkpointing=full")),
+    Case("dense_hg_dp_adamw_cosine_ckpt_selective_accum2", (*_scale("hg_dp"), "train.micro_batch=4",
+                                                            "train.activation_checkpointing=selective")),
+    Case("dense_hg_dnp_er_adamw_wsd_chunks", (*_scale("hg_dnp_er"), "schedule.name=wsd", "train.micro_batch=8",
+                                              "train.loss_chunk_tokens=64")),
+    Case("dense_hg_adamw_cosine_lr2e-3_reduce_each_accum2", (*_scale("hg"), "optim.lr=2e-3", "train.micro_batch=4",
+                                                             "train.grad_reduce=micro_batch")),
+    Case("dense_gemma_adamw_cosine_skip", (*_scale("gemma"), "train.micro_batch=8", "train.on_nonfinite=skip")),
+    Case("dense_hg_dp_or_adamw_cosine_mixture_eval", (*_scale("hg_dp_or"), "train.micro_batch=8",
+                                                      "train.eval_sample=mixture")),
     # stopped after step 10 and resumed by the same command: the uninterrupted run's curve, step for step
     Case("dense_unified_adamw_cosine_accum2_resumed", (*_scale("unified"), "train.micro_batch=4"), stop_at_step=10,
          replays="dense_unified_adamw_cosine_accum2"),
