@@ -72,7 +72,7 @@ def pytest_configure(config: pytest.Config) -> None:
 # machines' torch.
 NUMERICS_MODULES = {"test_compile", "test_loss", "test_host_reads", "test_train", "test_moe_train", "test_optim_dist",
                     "test_parallel", "test_checkpoint", "test_checkpoint_fsdp", "test_muon", "test_model", "test_moe",
-                    "test_grad_reduce", "test_elastic", "test_data_loader", "test_golden"}
+                    "test_grad_reduce", "test_elastic", "test_data_loader", "test_golden", "test_step", "test_banks"}
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -98,10 +98,19 @@ def _module_name(item: pytest.Item) -> str:
     return item.module.__name__.rsplit(".", 1)[-1] if item.module is not None else ""
 
 
+# The fast tier (`pytest -m fast`, under a minute on 2 cores): the step itself, the model, the loss, the scale
+# vectors, the optimizers, the config, checkpoints and the loader, each in-process; no run of train.py.
+FAST_MODULES = {"test_step", "test_config", "test_model", "test_loss", "test_banks", "test_optim_groups",
+                "test_schedule", "test_muon", "test_optim_hybrid", "test_checkpoint", "test_theory", "test_config_fuzz",
+                "test_data_loader", "test_footprint"}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if _module_name(item) in NUMERICS_MODULES:
             item.add_marker(pytest.mark.numerics)
+        if _module_name(item) in FAST_MODULES:
+            item.add_marker(pytest.mark.fast)
     if hasattr(config, "workerinput"):  # every worker collects, and must collect the same order: this is deterministic
         rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
         items.sort(key=lambda item: rank.get(_module_name(item), len(LONGEST_FIRST)))  # stable: the rest keep theirs
