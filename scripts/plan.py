@@ -3,7 +3,7 @@ prepares it, and the compute per run, per figure and in all (repro/paper.py says
 
     python -m scripts.plan                     # the tables
     python -m scripts.plan --seeds 3 --mfu 0.35
-    python -m scripts.plan --markdown          # for the README and docs/plan.md
+    python -m scripts.plan --markdown          # for repro/README.md and docs/plan.md
     python -m scripts.plan --json              # for tools
 
 Runs whose resolved configs agree outside log.* are one run (Figs. 1, 5, 6 and 10's 0.12B baselines): it has one run
