@@ -7,7 +7,7 @@
     jobs.py         a figure's runs as jobs: run directory, train.py's arguments, the command that runs one here
     comparisons.py  what docs/results.md compares, with the paper's numbers (docs/paper.md §4)
     runner.py       docs/results.md's unique runs in order, each in its own process, CPU time summed, archives
-    runs.py         reading a run directory: config.yaml and metrics.jsonl, never wandb
+    (the root runs.py reads a run directory: config.yaml and metrics.jsonl, never wandb)
     stats.py        paired deltas, intervals, MDE, verdicts on what an interval says of the paper's value
     significance.py the paired t test (its CDF from the incomplete beta), Holm, Benjamini–Hochberg, seeds for an MDE
     laws.py         power laws in compute, equal-loss multipliers, exponent intervals, crossings, bootstrap intervals

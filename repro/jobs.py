@@ -82,7 +82,7 @@ def run_jobs(todo: list[Job], out_dir: str, scale: str, nproc: int) -> int:
     """Run each job whose run directory under `out_dir` is not finished, in order, each in a process of its own;
     stop at the first that fails and return its exit code (0: every job finished). A run directory that cannot be
     read (damaged by hand or by a disk) stops it too, with one error line and 2."""
-    from repro.runs import MetricsError, load_run
+    from runs import MetricsError, load_run
     for i, job in enumerate(todo, 1):
         run_dir = Path(out_dir) / job.run_name
         try:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from repro.comparisons import Comparison, Curve, Plan
-from repro.runs import Run, load_run
+from runs import Run, load_run
 from repro.stats import Stat, stat, verdict
 
 FROM_TOKENS = 1  # curves start at the first evaluation after step 0: losses at init differ by design (DNP's Norm)

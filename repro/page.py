@@ -18,7 +18,7 @@ from repro.comparisons import Comparison, Plan
 from repro.figures import FIGURES
 from repro.measure import Results
 from repro.reading import CENTRAL, MDE_FLOOR, count_section, plain_reading, retuned_done, short_of_power
-from repro.runs import Run
+from runs import Run
 from repro.sections import ladder_section, lr_grid_section, panel_section
 from repro.sources import all_prefix, composition_lines, eval_read, source_table
 

@@ -1,18 +1,16 @@
 """The reproduction's plots: a figure in the paper's arrangement (loss and Δ-loss against tokens per panel, as
 `scripts.reproduce` draws it), the results page's Δ-loss curves with their seed bands, and a law per strategy.
 
-Every plot reads runs through repro/runs.py (metrics.jsonl), never wandb; matplotlib is imported where it draws.
+Every plot reads runs through runs.py (metrics.jsonl), never wandb; matplotlib is imported where it draws.
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
-from repro.runs import series
+from runs import series
 from repro.stats import stat
-from runtime.files import out_path_problem
 
 
 def _pyplot():
@@ -20,17 +18,6 @@ def _pyplot():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
-
-
-def image_out_problem(out: Path) -> Optional[str]:
-    """Why a plot cannot be written to `out` (a folder, a path under a file, a format matplotlib does not write), or
-    None: the commands check it before they read or fit anything."""
-    from matplotlib.backend_bases import FigureCanvasBase
-    formats = FigureCanvasBase.get_supported_filetypes()
-    if Path(out).suffix.lower().lstrip(".") in formats or Path(out).is_dir():
-        return out_path_problem(out)
-    return (f"{out}: name an image file ending in .png, .pdf or .svg (or another format matplotlib writes: "
-            f"{', '.join(sorted(formats))})")
 
 
 # ------------------------------------------------------------------------------------------------ paper figures

@@ -15,7 +15,7 @@ from repro.contrasts import Contrasts, combination_text, contrasts
 from repro.laws import LadderLaw, ratio_text, times, times_interval, times_text
 from repro.measure import Results, Row
 from repro.proxy import DENSE, MOE
-from repro.runs import Run
+from runs import Run
 from repro.sections import crossing_log, grid_edge, law_of, lead_after_retuning
 from repro.sources import all_prefix
 from repro.significance import benjamini_hochberg, holm, p_value, seeds_for

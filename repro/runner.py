@@ -27,7 +27,7 @@ from repro.comparisons import Plan
 from repro.experiments import config_of, experiment_key
 from repro.figures import FIGURES
 from repro.jobs import Job, command, make_job
-from repro.runs import load_run
+from runs import load_run
 
 ROOT = Path(__file__).resolve().parent.parent
 WIKITEXT_ENV = "SCALEVEC_WIKITEXT"  # the default for --wikitext: a path to wiki.test.raw

@@ -15,7 +15,7 @@ from typing import Optional
 from repro import proxy
 from repro.comparisons import Comparison
 from repro.measure import Results
-from repro.runs import Run
+from runs import Run
 from repro.stats import fmt
 
 

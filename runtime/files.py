@@ -1,4 +1,4 @@
-"""Crash-safe file writes shared by checkpoints and the run logger; the check of a command's output path."""
+"""Crash-safe file writes shared by checkpoints and the run logger; the checks of a command's output paths."""
 from __future__ import annotations
 
 import os
@@ -46,3 +46,14 @@ def out_path_problem(path: Path, kind: str = "file") -> Optional[str]:
     if not os.access(parent, os.W_OK | os.X_OK):
         return f"{parent} is not writable here, so {path} cannot be made; choose another path"
     return None
+
+
+def image_out_problem(out: Path) -> Optional[str]:
+    """Why a plot cannot be written to `out` (a folder, a path under a file, a format matplotlib does not write), or
+    None: the commands check it before they read or fit anything."""
+    from matplotlib.backend_bases import FigureCanvasBase
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if Path(out).suffix.lower().lstrip(".") in formats or Path(out).is_dir():
+        return out_path_problem(out)
+    return (f"{out}: name an image file ending in .png, .pdf or .svg (or another format matplotlib writes: "
+            f"{', '.join(sorted(formats))})")

@@ -13,8 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from repro.plotting import image_out_problem
-from repro.runs import MetricsError, read_metrics, series
+from runtime.files import image_out_problem
+from runs import MetricsError, read_metrics, series
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         return code
 
     from repro.plotting import draw_figure
-    from repro.runs import MetricsError, load_run
+    from runs import MetricsError, load_run
     for fig in figs:
         runs = {}
         for job in per_fig[fig.number]:

@@ -22,8 +22,9 @@ import sys
 from pathlib import Path
 
 from repro.laws import analyze, points_from_runs
-from repro.plotting import image_out_problem, plot_law
-from repro.runs import load_run
+from repro.plotting import plot_law
+from runtime.files import image_out_problem
+from runs import load_run
 
 
 def points_from_csv(path: Path) -> dict[str, list[tuple[float, float]]]:

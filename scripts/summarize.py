@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from kernel.config import ConfigError
-from repro.runs import MetricsError, Run, load_run
+from runs import MetricsError, Run, load_run
 
 
 def table(runs: list[Run]) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from test_train import data_dir  # noqa: F401 - a fixture
 
-from repro.runs import load_run
+from runs import load_run
 from repro.stats import T80, T975, stat
 from repro import runner
 from scripts import results

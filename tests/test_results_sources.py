@@ -16,7 +16,7 @@ from repro.comparisons import Comparison, Curve, Plan
 from repro.measure import Results
 from repro import page
 from repro.page import scope
-from repro.runs import load_run
+from runs import load_run
 from repro.sources import composition_lines, eval_read, source_table, sources_of
 from repro.stats import fmt, stat
 

@@ -11,7 +11,7 @@ import pytest
 from config import load_config, strategy_name
 from repro import laws
 from repro.proxy import compute_params
-from repro.runs import load_run
+from runs import load_run
 from scripts import scaling_law
 
 # docs/paper.md §4.5 (dense) and §4.6 (MoE): C in PFLOP/s-days, baseline and unified terminal losses [F]
