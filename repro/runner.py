@@ -166,10 +166,26 @@ def copy_run(src: Path, dest: Path) -> None:
         shutil.copy2(src / name, dest / name)
 
 
+COMPACT = ".jsonl.gz"  # a compact archive: one file, gzipped JSON lines
+
+
+def is_compact(path) -> bool:
+    return str(path).endswith(COMPACT)
+
+
 def archive(uniques: list[Unique], out_dir: Path, dest: Path) -> int:
-    """Copy what the page reads — each finished run's config.yaml and metrics.jsonl, and the CPU ledger — to `dest`,
+    """Save what the page reads — each finished run's config.yaml and metrics.jsonl, and the CPU ledger — to `dest`,
     replacing an earlier archive there, so that `--page-only --out-dir DEST` writes the same page from it. A `dest`
-    that holds anything else is refused (it is not an archive). Returns the number of runs archived."""
+    ending in .jsonl.gz is a compact archive: one file, its first line the ledger, then a line per run (name and
+    files), gzipped without a time stamp, so the same runs give the same bytes. Otherwise a folder of run folders;
+    one that holds anything else is refused (it is not an archive). Returns the number of runs archived."""
+    finished = [u.job.run_name for u in uniques if (out_dir / u.job.run_name / "config.yaml").exists()
+                and load_run(out_dir / u.job.run_name).finished]
+    ledger = json.loads((out_dir / CpuLedger.FILE).read_text()) if (out_dir / CpuLedger.FILE).exists() else None
+    if is_compact(dest):
+        _write_compact(Path(dest), ledger, {name: {f: (out_dir / name / f).read_text() for f in ARCHIVED}
+                                            for name in finished})
+        return len(finished)
     dest = Path(dest)
     if dest.exists():
         foreign = [p.name for p in dest.iterdir() if not (p.name == CpuLedger.FILE or (
@@ -181,34 +197,77 @@ def archive(uniques: list[Unique], out_dir: Path, dest: Path) -> int:
             if p.is_dir():
                 shutil.rmtree(p)
     dest.mkdir(parents=True, exist_ok=True)
-    n = 0
-    for u in uniques:
-        run_dir = out_dir / u.job.run_name
-        if (run_dir / "config.yaml").exists() and load_run(run_dir).finished:
-            copy_run(run_dir, dest / u.job.run_name)
-            n += 1
-    if (out_dir / CpuLedger.FILE).exists():
+    for name in finished:
+        copy_run(out_dir / name, dest / name)
+    if ledger is not None:
         shutil.copy2(out_dir / CpuLedger.FILE, dest / CpuLedger.FILE)
-    return n
+    return len(finished)
+
+
+def _write_compact(dest: Path, ledger: Optional[dict], runs: dict[str, dict[str, str]]) -> None:
+    import gzip
+    from runtime.files import atomic_write
+    lines = [json.dumps({"cpu_seconds": ledger}, sort_keys=True)]
+    lines += [json.dumps({"run": name, "files": runs[name]}, ensure_ascii=False, sort_keys=True)
+              for name in sorted(runs)]
+    data = gzip.compress(("\n".join(lines) + "\n").encode("utf-8"), compresslevel=9, mtime=0)
+    atomic_write(dest, data)
+
+
+def _read_compact(src: Path) -> tuple[Optional[dict], dict[str, dict[str, str]]]:
+    """(the ledger, {run name: {file name: text}}) of a compact archive."""
+    import gzip
+    lines = gzip.decompress(Path(src).read_bytes()).decode("utf-8").splitlines()
+    ledger = json.loads(lines[0])["cpu_seconds"]
+    runs = {}
+    for line in lines[1:]:
+        entry = json.loads(line)
+        runs[entry["run"]] = entry["files"]
+    return ledger, runs
+
+
+def unpack(src: Path, dest: Path) -> None:
+    """A compact archive as the folder archive it stands for: its run folders and its ledger, as they were."""
+    ledger, runs = _read_compact(src)
+    for name, files in runs.items():
+        (dest / name).mkdir(parents=True)
+        for f, text in files.items():
+            (dest / name / f).write_text(text)
+    if ledger is not None:
+        (dest / CpuLedger.FILE).write_text(json.dumps(ledger, indent=1, sort_keys=True))
 
 
 def restore(src: Path, out_dir: Path) -> int:
-    """Copy an archive's runs (what `archive` wrote) into `out_dir` where `out_dir` has no directory of that name,
-    with their CPU seconds, so that the reproduction continues from them in a fresh checkout: a restored run is
-    finished (its config.yaml and metrics.jsonl say so) and is skipped, never retrained. Runs already in `out_dir`
-    are left as they are, and so is their ledger entry. Returns the number of runs restored."""
+    """Copy an archive's runs (what `archive` wrote: a compact file or a folder) into `out_dir` where `out_dir` has
+    no directory of that name, with their CPU seconds, so that the reproduction continues from them in a fresh
+    checkout: a restored run is finished (its config.yaml and metrics.jsonl say so) and is skipped, never
+    retrained. Runs already in `out_dir` are left as they are, and so is their ledger entry. Returns the number of
+    runs restored."""
     src = Path(src)
-    if not src.is_dir():
+    if is_compact(src):
+        if not src.is_file():
+            raise FileNotFoundError(f"--restore {src}: no such file (give an archive that --archive wrote)")
+        archived, runs = _read_compact(src)
+        archived = archived or {}
+    elif src.is_dir():
+        archived = CpuLedger(src).seconds
+        runs = {p.name: None for p in sorted(src.iterdir())
+                if p.is_dir() and all((p / f).is_file() for f in ARCHIVED)}
+    else:
         raise FileNotFoundError(f"--restore {src}: no such directory (give an archive that --archive wrote)")
     ledger = CpuLedger(out_dir)
-    archived = CpuLedger(src).seconds
     n = 0
-    for run in sorted(p for p in src.iterdir() if p.is_dir() and all((p / f).is_file() for f in ARCHIVED)):
-        if (out_dir / run.name).exists():
+    for name, files in sorted(runs.items()):
+        if (out_dir / name).exists():
             continue
-        copy_run(run, out_dir / run.name)
-        if run.name in archived and run.name not in ledger.seconds:
-            ledger.add(run.name, archived[run.name])
+        if files is None:
+            copy_run(src / name, out_dir / name)
+        else:
+            (out_dir / name).mkdir()
+            for f, text in files.items():
+                (out_dir / name / f).write_text(text)
+        if name in archived and name not in ledger.seconds:
+            ledger.add(name, archived[name])
         n += 1
     return n
 

@@ -1,6 +1,6 @@
 """The earlier results pages, kept as measured so that a page can say which of its predecessor's deltas persist and
-which fade: v1 (the page of proxy v1, whose runs were not archived) and v2 (the runs archived in docs/results_runs/,
-whose page is docs/results_v2.md). A page of runs that evaluate a prefix of the val split (v2's) is read against v1;
+which fade: v1 (the page of proxy v1, whose runs were not archived) and v2 (the runs archived in
+docs/results_runs_v2.jsonl.gz, whose page is docs/results_v2.md). A page of runs that evaluate a prefix of the val split (v2's) is read against v1;
 a page of runs that evaluate the training mixture (v3's) against v2 (repro/reading.py, versus_past).
 
 Each delta is ours − reference in the final validation loss, paired by seed, with its 95 % Student-t interval (mean,
@@ -68,9 +68,9 @@ _V1_SUMMARY = (
 
 V1 = PastPage("v1", _V1_SUMMARY, _V1_DELTAS)
 
-# v2: every counted row of docs/results.md as committed in 9bae791, recomputed from its archive docs/results_runs/
-# (144 runs at 4 seeds, 9.43 CPU-hours; tests/test_results_sources.py checks that they still recompute). Fig. 1's
-# "each at its best lr" row was the same runs as "same lr (4e-3)" and is not counted.
+# v2: every counted row of docs/results.md as committed in 9bae791, recomputed from its archive
+# docs/results_runs_v2.jsonl.gz (144 runs at 4 seeds, 9.43 CPU-hours; tests/test_results_sources.py checks that they
+# still recompute). Fig. 1's "each at its best lr" row was the same runs as "same lr (4e-3)" and is not counted.
 _V2_DELTAS = {
     ("fig5-heterogeneity", "hg"): PastDelta(-0.0155, -0.0567, +0.0256),
     ("fig5-placement", "hg_ap"): PastDelta(+0.0467, +0.0124, +0.0810),

@@ -2,8 +2,8 @@
 
     python -m scripts.results                       # run what is missing (4 seeds each), then write docs/results.md
     python -m scripts.results --page-only           # rewrite the page from the runs as they are, run nothing
-    python -m scripts.results --page-only --archive docs/results_runs   # and keep what it read, to rewrite it later
-    python -m scripts.results --restore docs/results_runs   # continue from an archive's finished runs
+    python -m scripts.results --page-only --archive runs.jsonl.gz   # and keep what it read, to rewrite it later
+    python -m scripts.results --restore docs/results_runs_v3.jsonl.gz   # continue from an archive's runs
     python -m scripts.results --dry-run             # list the runs and their commands
     python -m scripts.results --seeds 8 -- key=value   # more seeds; key=value after -- goes to every run
     python -m scripts.results --seeds 12 --only 'fig6-ladder/* d64 L4'   # more seeds for one comparison's runs
@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 
 from kernel.config import ConfigError
 from repro.comparisons import Plan
 from repro.experiments import config_of
 from repro.jobs import command
-from repro.runner import CpuLedger, archive, plan_runs, prepare_wikitext, restore, run_all, select_runs
+from repro.runner import (CpuLedger, archive, is_compact, plan_runs, prepare_wikitext, restore, run_all,
+                          select_runs, unpack)
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PAGE, DEFAULT_LRS = ROOT / "docs" / "results.md", "2e-3,4e-3,8e-3"
@@ -48,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dry-run", action="store_true", help="print the runs' commands, run nothing")
     p.add_argument("--page-only", action="store_true", help="write the page from the runs as they are")
     p.add_argument("--archive", type=Path, metavar="DIR", help="then copy what the page reads (each finished run's "
-                   "config.yaml and metrics.jsonl, the CPU ledger) to DIR, e.g. docs/results_runs")
+                   "config.yaml and metrics.jsonl, the CPU ledger) to DIR: a .jsonl.gz names one compact file, "
+                   "e.g. docs/results_runs_v3.jsonl.gz")
     p.add_argument("--restore", type=Path, metavar="DIR", help="first copy an archive's finished runs (and their "
                    "CPU seconds) into --out-dir where it lacks them, e.g. to continue in a fresh checkout")
     p.add_argument("--only", nargs="+", metavar="CURVES", help="train only these curves' runs, each a pattern of "
@@ -89,7 +92,24 @@ def rebuild_command(args: argparse.Namespace) -> str:
 
 
 def _run(args: argparse.Namespace, lrs: tuple[float, ...]) -> int:
-    """Plan, restore, train what is missing, write the page, archive: main's body, whose user errors main reports."""
+    """Plan, restore, train what is missing, write the page, archive: main's body, whose user errors main reports.
+    `--out-dir` a compact archive (.jsonl.gz) writes the page from it alone, its runs unpacked into a temporary
+    folder."""
+    if not is_compact(args.out_dir):
+        return _run_in(args, lrs, rebuild_command(args))
+    if not args.page_only or args.archive or args.restore:
+        print(f"error: --out-dir {args.out_dir} is a compact archive: it writes a page (--page-only) and nothing "
+              "else; to train more, --restore it into a folder", file=sys.stderr)
+        return 2
+    if not Path(args.out_dir).is_file():
+        raise FileNotFoundError(f"--out-dir {args.out_dir}: no such archive")
+    rebuild = rebuild_command(args)
+    with tempfile.TemporaryDirectory() as tmp:
+        unpack(Path(args.out_dir), Path(tmp))
+        return _run_in(argparse.Namespace(**{**vars(args), "out_dir": tmp}), lrs, rebuild)
+
+
+def _run_in(args: argparse.Namespace, lrs: tuple[float, ...], rebuild: str) -> int:
     overrides = (f"data.val_sets=[{args.wikitext_dir}]", "log.wandb.mode=disabled", *args.overrides)
     out_dir = Path(args.out_dir)
     plan = Plan(args.seeds, lrs, overrides)
@@ -114,7 +134,7 @@ def _run(args: argparse.Namespace, lrs: tuple[float, ...]) -> int:
         prepare_wikitext(config_of(uniques[0].job.argv).data, Path(args.wikitext_dir), args.wikitext)
         failed = run_all(uniques, out_dir, ledger, args.jobs)
     from repro.page import write_page
-    write_page(plan, where, args.page, ledger.seconds, Path(args.wikitext_dir).name, rebuild_command(args))
+    write_page(plan, where, args.page, ledger.seconds, Path(args.wikitext_dir).name, rebuild)
     print(f"wrote {args.page}")
     if args.archive:
         print(f"archived {archive(uniques, out_dir, args.archive)} runs in {args.archive}")

@@ -239,7 +239,8 @@ def test_the_rebuild_command_names_the_archive_and_seeds():
                     page=results.DEFAULT_PAGE)
         return argparse.Namespace(**{**base, **kw})
     head = "python -m scripts.results --page-only --out-dir"
-    assert results.rebuild_command(ns(archive=Path("docs/results_runs"))) == f"{head} docs/results_runs --seeds 4"
+    assert results.rebuild_command(ns(archive=Path("docs/results_runs_v3.jsonl.gz"))) == \
+        f"{head} docs/results_runs_v3.jsonl.gz --seeds 4"
     assert results.rebuild_command(ns(restore=results.ROOT / "docs" / "results_runs_v2", seeds=6,
                                       page=results.ROOT / "docs" / "results_v2.md")) == \
         f"{head} docs/results_runs_v2 --seeds 6 --page docs/results_v2.md"
@@ -291,6 +292,34 @@ def test_the_page_comes_back_from_its_archive(miniature, tmp_path, capsys, figur
                          "--page-only", "--archive", str(tmp_path / "elsewhere"), *flags]) == 2
     assert "holds more than run archives (notes.txt)" in capsys.readouterr().err
     assert (tmp_path / "elsewhere" / "notes.txt").read_text() == "mine"
+
+
+def test_a_compact_archive_gives_the_same_page_and_continues_a_study(miniature, tmp_path, capsys,
+                                                                     figures_not_drawn):
+    """--archive X.jsonl.gz: one file, the same bytes for the same runs; --page-only --out-dir X.jsonl.gz writes the
+    page the runs wrote (only the archive's name differs); --restore X.jsonl.gz continues from it; a compact archive
+    is never trained into."""
+    argv, runs, page, out = miniature
+    flags = argv[argv.index("--lrs"):]
+    packed, twice = tmp_path / "runs.jsonl.gz", tmp_path / "again.jsonl.gz"
+    first, again, third = (tmp_path / d / "results.md" for d in ("first", "again", "third"))
+    for dest in (packed, twice):
+        assert results.main(["--seeds", str(SEEDS), "--out-dir", str(runs), "--page", str(first), "--page-only",
+                             "--archive", str(dest), *flags]) == 0
+    assert packed.read_bytes() == twice.read_bytes() and packed.stat().st_size < 10 * 2 ** 20
+    assert results.main(["--seeds", str(SEEDS), "--out-dir", str(packed), "--page", str(again), "--page-only",
+                         *flags]) == 0
+    written = first.read_text()  # by the second --archive: it names that file
+    assert f"--out-dir {twice} --seeds {SEEDS}" in written
+    written = written.replace(str(first), "PAGE").replace(str(twice), "ARCHIVE")
+    assert again.read_text().replace(str(again), "PAGE").replace(str(packed), "ARCHIVE") == written
+    fresh = tmp_path / "fresh"
+    assert results.main(["--seeds", str(SEEDS), "--out-dir", str(fresh), "--page", str(third), "--page-only",
+                         "--restore", str(packed), *flags]) == 0
+    assert f"restored {EXPERIMENTS * SEEDS} runs" in capsys.readouterr().out
+    assert third.read_text().replace(str(third), "PAGE").replace(str(packed), "ARCHIVE") == written
+    assert results.main(["--seeds", str(SEEDS), "--out-dir", str(packed), *flags]) == 2
+    assert "is a compact archive" in capsys.readouterr().err
 
 
 def test_the_page_names_the_runs_its_cpu_ledger_never_saw(miniature, tmp_path, figures_not_drawn):

@@ -20,7 +20,7 @@ from runs import load_run
 from repro.sources import composition_lines, eval_read, source_table, sources_of
 from repro.stats import fmt, stat
 
-ARCHIVE = Path(__file__).resolve().parent.parent / "docs" / "results_runs"
+ARCHIVE = Path(__file__).resolve().parent.parent / "docs" / "results_runs_v2.jsonl.gz"  # v2's runs, compact
 V2_SENTENCE = ("Each evaluation reads the first 32,768 tokens of the validation split's 105,578, in stored order, where "
                "its shakespeare documents come first. By source: shakespeare 32,768 (100.0 %), kjv 0 (0.0 %), though "
                "the model trains on shakespeare 60.5 % and kjv 39.5 % of its tokens. These runs' validation loss is on "
@@ -28,8 +28,17 @@ V2_SENTENCE = ("Each evaluation reads the first 32,768 tokens of the validation 
 
 
 @pytest.fixture(scope="module")
-def v2_runs() -> list:
-    runs = [load_run(p) for p in sorted(ARCHIVE.iterdir()) if p.is_dir()]
+def v2_dir(tmp_path_factory) -> Path:
+    """The v2 archive unpacked: its run folders and ledger, as the folder archive they came from."""
+    from repro.runner import unpack
+    out = tmp_path_factory.mktemp("v2")
+    unpack(ARCHIVE, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def v2_runs(v2_dir) -> list:
+    runs = [load_run(p) for p in sorted(v2_dir.iterdir()) if p.is_dir()]
     assert len(runs) == 144 and all(r.cfg.train.eval_sample == "prefix" for r in runs)  # saved before the key
     return runs
 
@@ -161,13 +170,13 @@ def test_the_variance_table_measures_tail_averaging_and_pairing(tmp_path):
     assert correlation([1.0, 1.0], [2.0, 3.0]) is None
 
 
-def test_v2s_kept_deltas_recompute_from_its_archive():
+def test_v2s_kept_deltas_recompute_from_its_archive(v2_dir):
     """repro/versions.py's v2 deltas, which a v3 page is read against, are the archive's counted rows to 4 decimals:
     every one of them, and no counted row left out."""
     from repro.runner import plan_runs
     from repro.versions import V2
     plan = Plan(4, (2e-3, 4e-3, 8e-3), ())
-    _, where = plan_runs(plan, str(ARCHIVE))
+    _, where = plan_runs(plan, str(v2_dir))
     res = Results(plan, where, "wikitext2_bpe1024")
     got = {(r.comparison.key, r.label): r.delta for r in res.rows if r.counted}
     assert set(got) == set(V2.deltas) and len(got) == 24
