@@ -60,9 +60,8 @@ class ScaleVector(nn.Module):
     def reset_parameters(self) -> None:
         if self.slot is not None:
             return  # the bank resets its tensors
-        start = 1.0 if self.reparam in ("direct", "or") else 0.0
         for kind in self.kinds:
-            getattr(self, kind).fill_(start)
+            getattr(self, kind).fill_(gamma_one(self.reparam))
 
     def part(self, kind: str) -> torch.Tensor:
         """Its weight, α or β in γ's shape (…, dim) or (…, 1): its own parameter, or its slice of the bank's. Outside
@@ -90,6 +89,11 @@ class ScaleVector(nn.Module):
         count = "" if self.count is None else f"count={self.count}, "
         banked = "" if self.slot is None else ", banked"
         return f"{count}dim={self.dim}, reparam={self.reparam}, role={self.role.value}{banked}"
+
+
+def gamma_one(reparam: str) -> float:
+    """The value of every entry (weight, α, β) that makes γ = 1: 1 for direct and OR, 0 for ER."""
+    return 0.0 if reparam == "er" else 1.0
 
 
 @dataclass(frozen=True, eq=False)
@@ -130,9 +134,8 @@ class ScaleBank(nn.Module):
     @torch.no_grad()
     def reset_parameters(self) -> None:
         """γ = 1 for every vector: α = β = 1 (OR, direct's weight) or 0 (ER), as ScaleVector.reset_parameters."""
-        start = 1.0 if self.reparam in ("direct", "or") else 0.0
         for p in self.parameters(recurse=False):
-            p.fill_(start)
+            p.fill_(gamma_one(self.reparam))
 
     def extra_repr(self) -> str:
         return f"vectors={self.n_vectors}, reparam={self.reparam}, role={self.role.value}"

@@ -226,13 +226,18 @@ def _read_compact(src: Path) -> tuple[Optional[dict], dict[str, dict[str, str]]]
     return ledger, runs
 
 
+def _write_run(dest: Path, files: dict[str, str]) -> None:
+    """One archived run's files (ARCHIVED, as text) into a new directory `dest`."""
+    dest.mkdir(parents=True)
+    for name, text in files.items():
+        (dest / name).write_text(text)
+
+
 def unpack(src: Path, dest: Path) -> None:
     """A compact archive as the folder archive it stands for: its run folders and its ledger, as they were."""
     ledger, runs = _read_compact(src)
     for name, files in runs.items():
-        (dest / name).mkdir(parents=True)
-        for f, text in files.items():
-            (dest / name / f).write_text(text)
+        _write_run(dest / name, files)
     if ledger is not None:
         (dest / CpuLedger.FILE).write_text(json.dumps(ledger, indent=1, sort_keys=True))
 
@@ -263,9 +268,7 @@ def restore(src: Path, out_dir: Path) -> int:
         if files is None:
             copy_run(src / name, out_dir / name)
         else:
-            (out_dir / name).mkdir()
-            for f, text in files.items():
-                (out_dir / name / f).write_text(text)
+            _write_run(out_dir / name, files)
         if name in archived and name not in ledger.seconds:
             ledger.add(name, archived[name])
         n += 1

@@ -25,6 +25,7 @@ import json
 import os
 import re
 import shutil
+import traceback
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +46,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from runtime.checkpoint_layouts import finish_layouts, stage_layouts
-from runtime.files import atomic_write, fsync_dir
+from runtime.files import atomic_write, fsync_dir, log_traceback
 from runtime.rng import rng_equal, rng_state, set_rng_state
 
 MARKER = "COMPLETE"
@@ -175,7 +176,9 @@ def _all_or_nothing(d: _Dist, fn, step: int, where: Path, previous: Optional[Pat
         what = f"on {n_failed} other rank(s)"
     else:  # one line; the library's traceback goes to a file beside the checkpoints, if the disk takes it
         what = _first_failure(error) if isinstance(error, CheckpointException) else f"{type(error).__name__}: {error}"
-        log = _log_traceback(error, where.parent / ERRORS_LOG, d.rank)
+        ranks = "".join(f"rank {r}:\n{''.join(traceback.format_exception(exc))}"
+                        for r, (exc, _) in sorted(getattr(error, "failures", {}).items()))  # DCP's, per rank
+        log = log_traceback(error, where.parent / ERRORS_LOG, f"rank {d.rank}", ranks)
         what += f"; the traceback is in {log}" if log else ""
     resume = (f"the previous checkpoint {previous} is intact: free space (or fix the path) and run the same command "
               f"to resume from step {read_marker(previous)['step']}") if previous is not None else (
@@ -366,22 +369,6 @@ def _load_states(path: Path, model: nn.Module, optimizer: Optional[torch.optim.O
     set_model_state_dict(model, state["model"])
     if optimizer is not None:
         set_optimizer_state_dict(model, optimizer, state["optim"])
-
-
-def _log_traceback(error: BaseException, path: Path, rank: int) -> Optional[Path]:
-    """Append `error`'s traceback (and DCP's per-rank ones) to `path`; None when that write fails too."""
-    import time
-    import traceback
-    text = "".join(traceback.format_exception(error))
-    if isinstance(error, CheckpointException):
-        text += "".join(f"rank {r}:\n{''.join(traceback.format_exception(exc))}" for r, (exc, _) in
-                        sorted(error.failures.items()))
-    try:
-        with open(path, "a") as f:
-            f.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')}, rank {rank}\n{text}\n")
-    except OSError:
-        return None
-    return path
 
 
 def _first_failure(e: CheckpointException) -> str:

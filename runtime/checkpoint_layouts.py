@@ -14,7 +14,6 @@ tensor: no communication). Anything else that differs stays for the caller's che
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -23,12 +22,9 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 
-@dataclass
-class Staged:
-    """One tensor (or one parameter's optimizer state) read in the checkpoint's layout: `finish` builds ours from what
-    DCP read into `holder`."""
-
-    finish: Callable[[], None]
+# One tensor (or one parameter's optimizer state) read in the checkpoint's layout: called after DCP's read, it builds
+# ours from what DCP read.
+Staged = Callable[[], None]
 
 
 def stage_layouts(model: nn.Module, state: dict, metadata: dict) -> list[Staged]:
@@ -42,8 +38,8 @@ def stage_layouts(model: nn.Module, state: dict, metadata: dict) -> list[Staged]
 def finish_layouts(staged: list[Staged]) -> None:
     """After DCP has read into `state`: every staged tensor into this model's layout. Raises ValueError for values
     the layout cannot hold."""
-    for s in staged:
-        s.finish()
+    for finish in staged:
+        finish()
 
 
 def _like(full: torch.Tensor, ours: torch.Tensor) -> torch.Tensor:
@@ -69,8 +65,8 @@ def _stage_repadding(state: dict, metadata: dict, logical: dict[str, tuple[int, 
                 and tuple(meta.size) != tuple(ours.shape) and len(meta.size) == ours.ndim == len(shape)
                 and all(n <= min(a, b) for n, a, b in zip(shape, meta.size, ours.shape))):
             holder[name] = torch.zeros(tuple(meta.size), dtype=ours.dtype)  # whole on every rank: DCP reads it all
-            staged.append(Staged(lambda key=key, holder=holder, name=name, ours=ours, shape=shape:
-                                 _repad(key, holder, name, ours, shape)))
+            staged.append(lambda key=key, holder=holder, name=name, ours=ours, shape=shape:
+                          _repad(key, holder, name, ours, shape))
     return staged
 
 
@@ -99,13 +95,13 @@ def _stage_banks(state: dict, metadata: dict, members: dict[str, list[tuple[str,
             continue
         ours = state["model"].pop(bank)
         state["model"].update({name: torch.zeros(shape, dtype=ours.dtype) for name, _, shape in ms})
-        staged.append(Staged(lambda bank=bank, names=names, ours=ours: _join(state["model"], bank, names, ours)))
+        staged.append(lambda bank=bank, names=names, ours=ours: _join(state["model"], bank, names, ours))
         if bank in optim:
             per_param = optim.pop(bank)  # {"exp_avg": …, "exp_avg_sq": …, "step": …}
             for name, _, shape in ms:
                 optim[name] = {k: torch.zeros(shape if v.ndim else (), dtype=v.dtype) for k, v in per_param.items()}
-            staged.append(Staged(lambda bank=bank, names=names, per_param=per_param:
-                                 _join_state(optim, bank, names, per_param)))
+            staged.append(lambda bank=bank, names=names, per_param=per_param:
+                          _join_state(optim, bank, names, per_param))
     return staged
 
 

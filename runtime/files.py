@@ -57,3 +57,17 @@ def image_out_problem(out: Path) -> Optional[str]:
         return out_path_problem(out)
     return (f"{out}: name an image file ending in .png, .pdf or .svg (or another format matplotlib writes: "
             f"{', '.join(sorted(formats))})")
+
+
+def log_traceback(error: BaseException, path: Path, who: str, extra: str = "") -> Optional[Path]:
+    """Append `error`'s traceback (and `extra`, more of them) to the log `path`, headed by the time and `who`; None
+    when the disk refuses that write too. A failure's message then stays one line and points here."""
+    import time
+    import traceback
+    try:
+        with open(path, "a") as f:
+            f.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')}, {who}\n{''.join(traceback.format_exception(error))}"
+                    f"{extra}\n")
+    except OSError:
+        return None
+    return path

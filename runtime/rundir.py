@@ -18,12 +18,13 @@ import json
 import os
 import socket
 import time
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import torch.distributed as dist
+
+from runtime.files import log_traceback
 
 LOCK_FILE = "run.lock"
 ERRORS_LOG = "errors.log"  # <run>/: tracebacks of writes the disk refused
@@ -123,14 +124,8 @@ def write_failure(e: OSError, run_dir: Path) -> RunDirError:
     """A write the disk refused during a run (full, over quota, read-only, failing), as one line naming what to do;
     the traceback goes to `<run>/errors.log` when the disk takes it."""
     where = f": {e.filename}" if e.filename else ""
-    log = Path(run_dir) / ERRORS_LOG
-    try:
-        with open(log, "a") as f:
-            f.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')}, pid {os.getpid()}\n"
-                    + "".join(traceback.format_exception(e)) + "\n")
-        told = f"; the traceback is in {log}"
-    except OSError:
-        told = ""
+    log = log_traceback(e, Path(run_dir) / ERRORS_LOG, f"pid {os.getpid()}")
+    told = f"; the traceback is in {log}" if log else ""
     return RunDirError(f"a write failed ({_reason(e)}{where}){told}. The newest checkpoint is intact: free space (or "
                        "fix the disk) and run the same command to resume from it")
 
