@@ -49,11 +49,17 @@ class Attention(nn.Module):
                                                   rope=(cos, sin)))  # (B, T, H, hd)
         k = self.k_proj(h, then=functools.partial(_heads, shape=(B, T, self.n_kv_heads, self.head_dim),
                                                   norm=self.k_norm, rope=(cos, sin)))  # (B, T, KV, hd)
-        v = self.v_proj(h, then=functools.partial(_heads, shape=(B, T, self.n_kv_heads, self.head_dim)))
+        # DNP's u_v goes on to o_proj's columns: attention sums v's rows with weights, channel by channel, so
+        # P (V diag(u)) = (P V) diag(u) exactly (ScaledLinear.forward, `hand_on`)
+        v = self.v_proj(h, then=functools.partial(_heads, shape=(B, T, self.n_kv_heads, self.head_dim)),
+                        hand_on=True)
         y = F.scaled_dot_product_attention(  # (B, H, T, hd)
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
             enable_gqa=self.n_kv_heads != self.n_heads)
-        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+        u_v = self.v_proj.handed_on()  # (KV·hd,) or None
+        if u_v is not None and self.n_kv_heads != self.n_heads:  # query head j reads kv head j // (H / KV)
+            u_v = u_v.view(self.n_kv_heads, -1).repeat_interleave(self.n_heads // self.n_kv_heads, 0).flatten()
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1), handed=u_v)
 
 
 def _heads(t: torch.Tensor, shape: tuple[int, int, int, int], norm: Optional[Norm] = None,
@@ -76,7 +82,10 @@ class MLP(nn.Module):
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """h: (..., d) normalized input → (..., d)."""
-        return self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))  # hidden (..., f_padded)
+        # DNP's u_up goes on to down_proj's columns: SiLU(gate) ⊙ (u ⊙ n) = (SiLU(gate) ⊙ n) ⊙ u exactly
+        # (ScaledLinear.forward, `hand_on`)
+        hidden = F.silu(self.gate_proj(h)) * self.up_proj(h, hand_on=True)  # (..., f_padded)
+        return self.down_proj(hidden, handed=self.up_proj.handed_on())
 
 
 def ffn(cfg: ModelConfig, layout: GroupLayout) -> nn.Module:

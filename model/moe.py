@@ -146,8 +146,8 @@ class MoE(nn.Module):
 
         matmul = self._matmul(rows, counts)
         g = self.gate_proj(rows, expert_of_row, matmul)  # (N, fp)
-        u = self.up_proj(rows, expert_of_row, matmul)  # (N, fp)
-        y = self.down_proj(F.silu(g) * u, expert_of_row, matmul)  # (N, d)
+        u = self.up_proj(rows, expert_of_row, matmul, hand_on=True)  # (N, fp): DNP's u_e goes on to down_proj
+        y = self.down_proj(F.silu(g) * u, expert_of_row, matmul, handed=self.up_proj.handed_on())  # (N, d)
 
         # Combine: back to slot order (the inverse permutation), then the weighted sum over k.
         y = undispatch(y, order, inverse).view(n, k, self.d)

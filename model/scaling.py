@@ -123,7 +123,8 @@ class ScaledLinear(nn.Module):
         return self.d_out, self.d_in
 
     def forward(self, x: torch.Tensor, matmul: Optional[Callable] = None,
-                then: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> torch.Tensor:
+                then: Optional[Callable[[torch.Tensor], torch.Tensor]] = None, hand_on: bool = False,
+                handed: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x: (..., d_in) → (..., d_out), then `then` applied to it (RoPE on q/k: the caller's next elementwise ops).
 
         A vector multiplies whichever side is smaller: u ⊙ (W (v ⊙ x)) = (diag(u) W diag(v)) x exactly, and for a
@@ -131,6 +132,11 @@ class ScaledLinear(nn.Module):
         inner Norm) scale W's columns and rows instead of N rows of activations — fewer FLOPs, and backward keeps
         the one shared normalized input rather than one scaled copy per branch (HG). The LM head (W: vocab × d)
         scales its activations. docs/design.md's rule stands: no diag() matrices, no u vᵀ outer product.
+
+        `hand_on`: leave DNP's u off the output; the caller hands `handed_on()` to the next linear map, which scales
+        its columns (`handed`): exact where the ops between act on each channel linearly (attention's weighted sum
+        over v, the SwiGLU product over up). u then costs a weight-sized multiply, and its gradient comes from
+        that weight's, where on the activations it needs a pass over every row for the column sum ∂/∂u.
 
         Compiled, the folded weight and the chain after the matmul (inner Norm → u → `then`) are `recomputed` in
         backward, so a branch saves what the baseline's saves (its input, its matmul's output) plus the Norm's
@@ -142,8 +148,13 @@ class ScaledLinear(nn.Module):
         w = self.weight.to(x.dtype)  # .to: a no-op except for the MoE router, which runs in fp32 on bf16 weights
         fold_in, fold_out = self.folds(x.numel() // self.d_in_padded) if matmul is None else (False, False)
         v = self.in_scale() if self.in_scale is not None else None
-        u = pad_last(self.out_scale(), self.d_out_padded) if self.out_scale is not None else None  # (d_out_padded,)
-        if fold_in or fold_out:
+        if handed is not None:  # (d_in_padded,): a vector an earlier branch handed on
+            v = handed if v is None else v * handed
+            fold_in = matmul is None and x.numel() // self.d_in_padded >= self.d_out_padded
+        u = None
+        if self.out_scale is not None and not (hand_on and self.inner is not None):
+            u = pad_last(self.out_scale(), self.d_out_padded)  # (d_out_padded,)
+        if fold_in or (fold_out and u is not None):
             w = recomputed(_fold, w, v if fold_in else None, u if fold_out else None)
         if v is not None and not fold_in:
             x = x * v
@@ -152,6 +163,13 @@ class ScaledLinear(nn.Module):
         if self.inner is None and u is None:
             return y if then is None else then(y)
         return recomputed(self._post, y, u, then)
+
+    def handed_on(self) -> Optional[torch.Tensor]:
+        """The u that `forward(hand_on=True)` left off, zero-padded to the stored width (d_out_padded,), or None
+        where the branch applies its own (no u, or no inner Norm: then u folds into this branch's W)."""
+        if self.out_scale is None or self.inner is None:
+            return None
+        return pad_last(self.out_scale(), self.d_out_padded)
 
     def _post(self, y: torch.Tensor, u: Optional[torch.Tensor], then: Optional[Callable]) -> torch.Tensor:
         """What follows the matmul: DNP's inner Norm, u, then the caller's `then`."""
@@ -250,23 +268,35 @@ class ExpertBranch(nn.Module):
     def logical_shape(self) -> tuple[int, int, int]:
         return self.n_experts, self.d_out, self.d_in
 
-    def forward(self, x: torch.Tensor, expert_of_row: torch.Tensor, matmul) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, expert_of_row: torch.Tensor, matmul, hand_on: bool = False,
+                handed: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x: (N, d_in_padded) rows sorted by expert; expert_of_row: (N,) int64; matmul(x, W) → (N, d_out_padded),
-        the grouped GEMM or the per-expert loop of model/moe.py."""
+        the grouped GEMM or the per-expert loop of model/moe.py. `hand_on` and `handed` (E, d_in_padded): DNP's u_e
+        handed on to the next expert map's columns, as ScaledLinear.forward explains; here it also spares a gather
+        of u_e per row."""
         w = self.weight  # (E, d_out_padded, d_in_padded)
         if self.in_scale is not None:  # the smaller side, as in ScaledLinear.forward
             if x.shape[0] >= w.shape[0] * w.shape[1]:
                 w = w * self.in_scale()
             else:
                 x = x * self.in_scale()
+        if handed is not None:
+            w = w * handed[:, None, :]  # W_e diag(u_e)
         if self.out_scale is not None and self.inner is None:
             w = w * pad_last(self.out_scale(), self.d_out_padded)[:, :, None]  # diag(u_e) W_e: no per-row gather
         y = matmul(x, w)
         if self.inner is not None:
             y = self.inner(y)
-            if self.out_scale is not None:  # (E, d_out_padded) → one row per token slot
+            if self.out_scale is not None and not hand_on:  # (E, d_out_padded) → one row per token slot
                 y = y * pad_last(self.out_scale(), self.d_out_padded)[expert_of_row]
         return y
+
+    def handed_on(self) -> Optional[torch.Tensor]:
+        """The u_e that `forward(hand_on=True)` left off, (E, d_out_padded), or None where the branch applies its
+        own (ScaledLinear.handed_on)."""
+        if self.out_scale is None or self.inner is None:
+            return None
+        return pad_last(self.out_scale(), self.d_out_padded)
 
     @torch.no_grad()
     def folded_weight(self, extra_in: Optional[torch.Tensor] = None) -> torch.Tensor:

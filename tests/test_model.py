@@ -298,3 +298,44 @@ def test_norm_backward_through_its_output_is_exact():
     assert torch.autograd.gradcheck(lambda t: rms_normalize(t, 1e-3), (x,))
     padded = torch.nn.functional.pad(torch.randn(3, 5, dtype=torch.float64), (0, 3)).requires_grad_()
     assert torch.autograd.gradcheck(lambda t: rms_normalize(t, 1e-3, 5), (padded,))
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2])  # 2: GQA, where query head j reads kv head j // 2
+@pytest.mark.parametrize("tokens", [2, 48])  # fewer rows than the widths: vectors on the activations; more: on W
+def test_dnp_u_handed_on_equals_u_on_the_activations(n_kv_heads, tokens):
+    """DNP's u_v and u_up scale o_proj's and down_proj's columns (ScaledLinear.forward, `hand_on`): the same
+    function, values and gradients, as u on the branch's output, with GQA and a padded FFN hidden."""
+    import functools
+    import torch.nn.functional as F
+    from model.llama import _heads
+    from model.rope import rope_tables
+    cfg = preset_model_cfg("unified", n_kv_heads=n_kv_heads, ffn_pad_multiple=32)  # hidden 48 stored as 64
+    torch.manual_seed(0)
+    block = build_model(cfg, "cpu").double().layers[0]
+    for p in block.scales.parameters():
+        torch.nn.init.uniform_(p, 0.5, 1.5)
+    attn, mlp, H, KV, hd = block.attn, block.mlp, cfg.n_heads, cfg.kv_heads, cfg.head_dim
+    assert mlp.up_proj.weight.shape[0] == 64 and attn.v_proj.handed_on() is not None
+
+    def attention_with_u_applied(h, cos, sin):
+        B, T, _ = h.shape
+        q = attn.q_proj(h, then=functools.partial(_heads, shape=(B, T, H, hd), rope=(cos, sin)))
+        k = attn.k_proj(h, then=functools.partial(_heads, shape=(B, T, KV, hd), rope=(cos, sin)))
+        v = attn.v_proj(h, then=functools.partial(_heads, shape=(B, T, KV, hd)))
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                                           enable_gqa=KV != H)
+        return attn.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+
+    h = torch.randn(1, tokens, cfg.d_model, dtype=torch.float64, requires_grad=True)
+    cos, sin = rope_tables(tokens, hd, cfg.rope_theta, h.device, h.dtype)
+    pairs = [(attn(h, cos, sin), attention_with_u_applied(h, cos, sin)),
+             (mlp(h), mlp.down_proj(F.silu(mlp.gate_proj(h)) * mlp.up_proj(h)))]
+    params = [h, *block.parameters()]
+    for got, ref in pairs:
+        torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)  # fp64, the same terms reassociated
+        g = torch.randn_like(ref)
+        for a, b in zip(torch.autograd.grad(got, params, g, allow_unused=True),
+                        torch.autograd.grad(ref, params, g, allow_unused=True)):
+            assert (a is None) == (b is None)
+            if a is not None:  # ≤ 48-row sums through the Norms' backward: 1e-10 relative
+                torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)

@@ -424,6 +424,39 @@ def test_expert_branch_either_side_equals_the_formula(rows_per_expert, inner):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)  # ≤ 27-row sums with the Norm's cancellation
 
 
+@pytest.mark.parametrize("rows_per_expert", [1, 9])
+def test_expert_u_handed_on_to_down_equals_u_on_the_rows(rows_per_expert):
+    """DNP's u_e of the experts' up branch scales down_proj's columns (`hand_on`, model/moe.py): the same function,
+    values and gradients in fp64, as u_e on each row, with padded hidden units (5 → 8)."""
+    from model.config import Role
+    from model.moe import loop_matmul
+    from model.scaling import ExpertBranch, Norm
+    from model.vectors import ScaleVector
+    E, d, f, pad = 3, 4, 5, 8
+    up = ExpertBranch(E, d, f, pad, inner=Norm(pad, 1e-6, None, logical=f),
+                      out_scale=ScaleVector(f, "or", Role.SCALE_OUTPUT, count=E)).double()
+    down = ExpertBranch(E, f, d, d_in_padded=pad).double()
+    with torch.no_grad():
+        for br in (up, down):
+            br.weight.normal_()
+        up.weight[:, f:] = 0.0
+        down.weight[:, :, f:] = 0.0
+        for p in up.out_scale.parameters():
+            p.uniform_(0.5, 1.5)
+    counts = [rows_per_expert] * E
+    expert_of_row = torch.arange(E).repeat_interleave(rows_per_expert)
+    matmul = lambda a, w: loop_matmul(a, w, counts)  # noqa: E731
+    x = torch.randn(E * rows_per_expert, d, dtype=torch.float64, requires_grad=True)
+    gate = torch.nn.functional.silu(torch.randn(E * rows_per_expert, pad, dtype=torch.float64))
+    got = down(gate * up(x, expert_of_row, matmul, hand_on=True), expert_of_row, matmul, handed=up.handed_on())
+    ref = down(gate * up(x, expert_of_row, matmul), expert_of_row, matmul)
+    torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)  # float64, ≤ 8-term sums reassociated
+    params = [x, *up.parameters(), *down.parameters()]
+    g = torch.randn_like(ref)
+    for a, b in zip(torch.autograd.grad(got, params, g), torch.autograd.grad(ref, params, g)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)  # ≤ 27-row sums with the Norm's cancellation
+
+
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_vector_starts_at_one(preset):
     """init sets γ = 1 for every vector (docs/paper.md §1.1), the routed experts' (E, d) stacks of u_e included: the
