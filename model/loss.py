@@ -213,13 +213,10 @@ def _vocab_norm_head(modules: tuple[nn.Module, nn.Module], params: Sequence[dict
     (rows, V) buffers between a forward and a backward graph (logits, the Norm's output, the softmax). The chunks'
     ∂/∂a fill one (N, d) buffer; ∂/∂u and ∂/∂W come from the chunks' sums N and G once all are in (`_vocab_norm_core`
     derives them); one backward through the small parts follows."""
-    norm, head = modules
+    head = modules[1]
     h = h.detach().requires_grad_(grad_h)
     with torch.enable_grad():
-        a = functional_call(norm, params[0], (h,))  # (N, d)
-        if head.in_scale is not None:
-            a = a * functional_call(head.in_scale, _under(params[1], "in_scale"), ())
-        u = functional_call(head.out_scale, _under(params[1], "out_scale"), ())  # (V,)
+        a, u = _compiled(_vocab_norm_inputs, backend)(modules, params, h)  # (N, d), (V,)
     w, inner = params[1]["weight"].detach().to(a.dtype), head.inner
     rows, u_ = a.detach(), u.detach()
     acc = _acc(rows.dtype)
@@ -228,7 +225,7 @@ def _vocab_norm_head(modules: tuple[nn.Module, nn.Module], params: Sequence[dict
     n_acc = weight_grad if weight_grad is not None else torch.zeros(w.shape, dtype=acc, device=w.device)
     mode = mode if weight_grad is not None else _weight_grad_mode(w.dtype, n_acc)
     g_acc = torch.zeros(w.shape[1], w.shape[1], dtype=acc, device=w.device)  # G = Σ aᵀ diag(r² s) a, (d, d)
-    uw, wtw = u_.to(w.dtype)[:, None] * w, w.t().mm(w)  # diag(u) W (V, d), WᵀW (d, d): once per micro-batch
+    uw, wtw = _compiled(_vocab_norm_operands, backend)(w, u_)  # diag(u) W (V, d), WᵀW (d, d)
     grad_a = torch.empty_like(rows)  # (N, d)
     loss = torch.zeros((), dtype=inv_rows.dtype, device=h.device)
     for s in range(0, rows.shape[0], chunk):
@@ -236,10 +233,35 @@ def _vocab_norm_head(modules: tuple[nn.Module, nn.Module], params: Sequence[dict
             rows[s:s + chunk], w, uw, wtw, u_, targets[s:s + chunk], inv_rows, inner.eps, inner.logical or inner.dim,
             n_acc, g_acc, mode, backend)
         loss += sum_c * inv_rows
-    grad_u = (n_acc * w).sum(1)  # ∂/∂u_j = Σ_k W_jk N_jk, (V,) in fp32: W is cast inside the multiply, not copied
-    if weight_grad is not None:  # ∂/∂W = diag(u) N − W G, in place; W G in W's dtype, as the head's other matmuls
-        weight_grad.mul_(u_.to(acc)[:, None]).sub_(w.mm(g_acc.to(w.dtype)))
+    grad_u = _compiled(_vocab_norm_finish_, backend)(n_acc, w, u_, g_acc, weight_grad is not None)
     return [(h, loss, [a, u], [grad_a, grad_u.to(u.dtype)])]
+
+
+def _vocab_norm_inputs(modules: tuple[nn.Module, nn.Module], params: Sequence[dict],
+                       h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The DNP head's small parts, once per micro-batch: the head's input a = v ⊙ norm(h) (N, d) and u (V,), each
+    from its parameters (OR's α and β included)."""
+    norm, head = modules
+    a = functional_call(norm, params[0], (h,))  # (N, d)
+    if head.in_scale is not None:
+        a = a * functional_call(head.in_scale, _under(params[1], "in_scale"), ())
+    return a, functional_call(head.out_scale, _under(params[1], "out_scale"), ())
+
+
+def _vocab_norm_operands(w: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """diag(u) W (V, d) and WᵀW (d, d), in W's dtype: the chunks' operands for ∂/∂a, once per micro-batch."""
+    return u.to(w.dtype)[:, None] * w, w.t().mm(w)
+
+
+def _vocab_norm_finish_(n_acc: torch.Tensor, w: torch.Tensor, u: torch.Tensor, g_acc: torch.Tensor,
+                        into_n: bool) -> torch.Tensor:
+    """Once all chunks are in: ∂/∂u_j = Σ_k W_jk N_jk (V,) in fp32 (W cast inside the multiply, not copied), and,
+    `into_n` (N is W's gradient buffer), ∂/∂W = diag(u) N − W G written over N; W G in W's dtype, as the head's
+    other matmuls."""
+    grad_u = (n_acc * w).sum(1)
+    if into_n:
+        n_acc.mul_(u.to(n_acc.dtype)[:, None]).sub_(w.mm(g_acc.to(w.dtype)))
+    return grad_u
 
 
 def _under(params: dict, prefix: str) -> dict:
@@ -270,19 +292,37 @@ def _vocab_norm_core(a: torch.Tensor, w: torch.Tensor, uw: torch.Tensor, wtw: to
     extra matmuls are (d × d)-sized: n·d² per chunk, V·d² twice per micro-batch. ∂/∂l is in the logits' dtype, as
     autograd's ∂/∂z would be, before the matmuls.
 
-    Compiled (`backend`): the statistics and the ∂/∂l pass, one graph each. Eager, `_vocab_norm_eager_`: the same
-    arithmetic in place."""
+    Compiled (`backend`): the whole chunk is one graph (`_vocab_norm_chunk`), its matmuls and the small ops around
+    them included, so the chunk pays one call instead of about twenty eager ops. Eager, `_vocab_norm_eager_`: the
+    same arithmetic in place."""
+    if backend is not None:
+        return _compiled(_vocab_norm_chunk, backend)(a, w, uw, wtw, u, targets, inv_rows, eps, width, n_acc, g_acc,
+                                                     mode)
     z = F.linear(a, w)  # (n, V): the chunk's logits before the Norm
-    if backend is None:
-        sum_ce, r, s = _vocab_norm_eager_(z, u, targets, inv_rows, eps, width)  # z ← ∂/∂l
-    else:
-        sum_ce, r, lse, s = _compiled(_vocab_norm_stats, backend)(z, u, targets, inv_rows, eps, width)
-        _compiled(_vocab_norm_dl_, backend)(z, u, targets, inv_rows, r, lse)  # z ← ∂/∂l, in place
-    dl, q = z, r * r * s  # (n, V) ∂/∂l; (n, 1) r² s
+    sum_ce, r, s = _vocab_norm_eager_(z, u, targets, inv_rows, eps, width)  # z ← ∂/∂l
+    return sum_ce, _vocab_norm_grads(a, z, r, s, uw, wtw, n_acc, g_acc, mode)
+
+
+def _vocab_norm_chunk(a: torch.Tensor, w: torch.Tensor, uw: torch.Tensor, wtw: torch.Tensor, u: torch.Tensor,
+                      targets: torch.Tensor, inv_rows: torch.Tensor, eps: float, width: int, n_acc: torch.Tensor,
+                      g_acc: torch.Tensor, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_vocab_norm_core` as one compiled graph: the statistics pass, the ∂/∂l pass written over the logits, and
+    `_vocab_norm_grads`."""
+    z = F.linear(a, w)  # (n, V)
+    sum_ce, r, lse, s = _vocab_norm_stats(z, u, targets, inv_rows, eps, width)
+    _vocab_norm_dl_(z, u, targets, inv_rows, r, lse)  # z ← ∂/∂l, in place
+    return sum_ce, _vocab_norm_grads(a, z, r, s, uw, wtw, n_acc, g_acc, mode)
+
+
+def _vocab_norm_grads(a: torch.Tensor, dl: torch.Tensor, r: torch.Tensor, s: torch.Tensor, uw: torch.Tensor,
+                      wtw: torch.Tensor, n_acc: torch.Tensor, g_acc: torch.Tensor, mode: str) -> torch.Tensor:
+    """From a chunk's ∂/∂l (n, V) and its row statistics r, s (n, 1): adds ∂/∂lᵀ (r ⊙ a) into `n_acc` and
+    aᵀ diag(r² s) a into `g_acc`, and returns ∂/∂a (n, d) in a's dtype (`_vocab_norm_core`'s formulas)."""
+    q = r * r * s  # (n, 1) r² s
     _add_gemm()(n_acc, dl.t(), (a * r).to(a.dtype), mode)  # N += ∂/∂lᵀ (r ⊙ a)
     g_acc.add_((a * q).to(a.dtype).t().mm(a).to(g_acc.dtype))  # G += aᵀ diag(r² s) a
     grad_a = r * dl.mm(uw) - q * a.mm(wtw)  # (n, d), at least fp32
-    return sum_ce, grad_a.to(a.dtype)
+    return grad_a.to(a.dtype)
 
 
 def _vocab_norm_stats(z: torch.Tensor, u: torch.Tensor, targets: torch.Tensor, inv_rows: torch.Tensor, eps: float,
