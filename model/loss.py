@@ -329,10 +329,13 @@ def _vocab_norm_stats(z: torch.Tensor, u: torch.Tensor, targets: torch.Tensor, i
                       width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The row statistics of `_vocab_norm_core`: (Σ CE, r (n, 1), logsumexp (n, 1), s (n, 1))."""
     acc = _acc(z.dtype)
-    z32 = z.to(acc)
-    r = torch.rsqrt(z32.square().sum(-1, keepdim=True) / width + eps)  # (n, 1)
-    logits = z32 * r * u.to(acc)  # (n, V)
-    m = logits.amax(-1, keepdim=True)  # (n, 1): the exponentials' range
+    z32, u32 = z.to(acc), u.to(acc)
+    # Σz² and max(u ⊙ z) depend on nothing else, so one pass over the row makes both: the exponentials' range
+    # m = max(r u ⊙ z) = r · max(u ⊙ z), r > 0 (any m gives the same logsumexp; this one keeps the exps near ≤ 1)
+    sq, top = z32.square().sum(-1, keepdim=True), (z32 * u32).amax(-1, keepdim=True)  # (n, 1) each
+    r = torch.rsqrt(sq / width + eps)  # (n, 1)
+    m = top * r
+    logits = z32 * r * u32  # (n, V)
     e = torch.exp(logits - m)  # one pass makes both row sums below
     total = e.sum(-1, keepdim=True)  # (n, 1)
     lse = m + torch.log(total)
