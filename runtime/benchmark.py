@@ -254,10 +254,12 @@ def build_parser(description: Optional[str] = None) -> argparse.ArgumentParser:
 def time_designs(designs: list[Design], di, batches, steps: int, warmup: int,
                  peak_mem: dict[str, Optional[float]], probed: bool, notes: list[str],
                  json_path: Optional[Path] = None, profile: Optional[tuple[Path, int]] = None,
-                 measure_footprint: bool = True) -> tuple[dict, list[dict]]:
+                 measure_footprint: bool = True, rss_mem: Optional[dict[str, Optional[float]]] = None
+                 ) -> tuple[dict, list[dict]]:
     """Build every design and step them interleaved, round by round (step i of every design, then step i + 1), so
     that drift in machine load hits all of them alike: `warmup` untimed rounds, then `steps` timed ones. `peak_mem`:
-    the memory probes' peaks on CPU (`probed`; none with --no-memory); on CUDA each design's peak is measured here.
+    the memory probes' tensor peaks on CPU (`probed`; none with --no-memory), and `rss_mem` their peak resident sets'
+    growth (runtime/memory_probe.py); on CUDA each design's peak is measured here.
     After every timed round the table so far goes to `json_path`, so a run cut by a timeout keeps it. `profile`:
     (path, steps) — then each design steps that many more times under torch.profiler (runtime/profile.py), and
     where its time goes is written to path. `measure_footprint`: after the timed rounds, each design's saved
@@ -281,7 +283,8 @@ def time_designs(designs: list[Design], di, batches, steps: int, warmup: int,
            f"cpu ({torch.get_num_threads()} threads, {cpu_arithmetic().name}"
            f"{', bf16 arithmetic' if cpu_arithmetic().has_bf16 else ', no bf16 arithmetic'})")
     mem_how = ("max_memory_allocated per design" if not cpu else
-               "peak RSS growth, one process per design" if probed else "-")
+               "tensors held + a step's peak (torch.profiler), and peak RSS growth; one process per design" if probed
+               else "-")
     header = {"device": dev, "torch": torch.__version__, "batch": [B, T], "vocab": V,
               "compile": _one_or_mixed(r.precision.compile for r in runners.values()),
               "dtype": _one_or_mixed(r.precision.dtype_name for r in runners.values()), "steps": steps,
@@ -301,7 +304,7 @@ def time_designs(designs: list[Design], di, batches, steps: int, warmup: int,
                 mine = (torch.cuda.max_memory_allocated() - others) / 2**20
                 peak_mem[d.name] = max(peak_mem.get(d.name) or 0.0, mine)
         if i >= warmup:
-            rows = table_rows(designs, runners, times, peak_mem, B * T, flops, peak)
+            rows = table_rows(designs, runners, times, peak_mem, B * T, flops, peak, rss_mem=rss_mem)
             if json_path:
                 json_path.parent.mkdir(parents=True, exist_ok=True)
                 json_path.write_text(json.dumps({**header, "steps": i + 1 - warmup, "notes": notes, "rows": rows,
@@ -312,7 +315,7 @@ def time_designs(designs: list[Design], di, batches, steps: int, warmup: int,
             r = runners[d.name]
             if r.forward is not None:
                 footprints[d.name] = footprint(r.model, r.forward, r.step, di.device)
-        rows = table_rows(designs, runners, times, peak_mem, B * T, flops, peak, footprints)
+        rows = table_rows(designs, runners, times, peak_mem, B * T, flops, peak, footprints, rss_mem)
         if json_path:
             json_path.write_text(json.dumps({**header, "notes": notes, "rows": rows, "losses": losses}, indent=1)
                                  + "\n")
@@ -324,11 +327,12 @@ def time_designs(designs: list[Design], di, batches, steps: int, warmup: int,
 
 
 def table_rows(designs, runners: dict, times: dict[str, list[float]], peak_mem: dict[str, Optional[float]],
-               tokens: int, flops: dict[str, float], peak: Optional[float], footprints: Optional[dict] = None
-               ) -> list[dict]:
-    """One row per design from its timed steps so far: median ms/step, tok/s (`tokens` per step), MFU, peak memory,
-    and the time and memory ratios to the first design; with `footprints` (runtime/footprint.py) also the saved
-    activations (MiB per block, the head's peak), the parameter tensors and the ops per step."""
+               tokens: int, flops: dict[str, float], peak: Optional[float], footprints: Optional[dict] = None,
+               rss_mem: Optional[dict[str, Optional[float]]] = None) -> list[dict]:
+    """One row per design from its timed steps so far: median ms/step, tok/s (`tokens` per step), MFU, peak memory
+    (tensors), and the time and memory ratios to the first design; with `rss_mem` (CPU) the peak resident set's
+    growth and its ratio; with `footprints` (runtime/footprint.py) also the saved activations (MiB per block, the
+    head's peak), the parameter tensors and the ops per step."""
     from runtime.metrics import mfu
     rows = []
     for d in designs:
@@ -344,6 +348,9 @@ def table_rows(designs, runners: dict, times: dict[str, list[float]], peak_mem: 
         r["time_ratio"] = r["ms_per_step"] / rows[0]["ms_per_step"]
         m0, m = rows[0]["peak_mem_mib"], r["peak_mem_mib"]
         r["mem_ratio"] = m / m0 if m is not None and m0 else None
+        if rss_mem:
+            r0, rr = rss_mem.get(rows[0]["design"]), rss_mem.get(r["design"])
+            r["rss_mib"], r["rss_ratio"] = rr, (rr / r0 if rr is not None and r0 else None)
     for r in rows:
         f = (footprints or {}).get(r["design"])
         if f is None:
@@ -366,13 +373,15 @@ def format_table(rows: list[dict]) -> str:
     """The printed table: one header line, then one line per design (scripts and tests split it on whitespace)."""
     num = _num
     w = max(12, *(len(r["design"]) + 2 for r in rows))
+    rss = any("rss_mib" in r for r in rows)
     lines = [f"{'design':<{w}}{'params':>14}{'activated':>14}{'ms/step':>10}{'± sd':>8}{'tok/s':>10}{'MFU':>7}"
-             f"{'peak MiB':>10}{'time ×':>8}{'mem ×':>8}"]
+             f"{'peak MiB':>10}" + (f"{'RSS MiB':>9}{'RSS ×':>7}" if rss else "") + f"{'time ×':>8}{'mem ×':>8}"]
     for r in rows:
         mfu_text = "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+        rss_text = f"{num(r.get('rss_mib'), '.0f'):>9}{num(r.get('rss_ratio'), '.3f'):>7}" if rss else ""
         lines.append(f"{r['design']:<{w}}{r['params']:>14,}{r['activated']:>14,}{r['ms_per_step']:>10.1f}"
                      f"{r['ms_sd']:>8.1f}{r['tok_per_s']:>10.0f}{mfu_text:>7}{num(r['peak_mem_mib'], '.0f'):>10}"
-                     f"{r['time_ratio']:>8.3f}{num(r['mem_ratio'], '.3f'):>8}")
+                     f"{rss_text}{r['time_ratio']:>8.3f}{num(r['mem_ratio'], '.3f'):>8}")
     return "\n".join(lines) + "\n"
 
 

@@ -1,6 +1,13 @@
 """The bench's memory on CPU (`python -m scripts.bench`, runtime/benchmark.py): a process's resident set cannot be
 split between designs that share it, so each design is measured alone, in a child process of its own
-(`--memory-probe K`), as the growth of its peak RSS over building and stepping it."""
+(`--memory-probe K`), two ways:
+
+- tensors: what the design holds between steps (parameters, optimizer state) plus the peak of the tensors one step
+  allocates over that, from torch.profiler's memory events: what max_memory_allocated measures on CUDA, so the
+  same quantity on either device;
+- RSS: the growth of its peak resident set over building and stepping it, as the operating system sees it. It also
+  counts what the compiler keeps resident (graphs, guards, generated code), which grows with a graph's size and
+  is no tensor of the step."""
 from __future__ import annotations
 
 import dataclasses
@@ -79,19 +86,39 @@ def memory_probe(design: Design, di, batches, seq_len: int, n_steps: int, warmup
             reset_peak_rss()  # the peak from here on; still measured from `before`
         runner.step()
     after = (proc_status_mib("VmHWM") if reset is not None else None) or max_rss_mib()
-    return {"design": design.name, "peak_mib": max(0.0, after - before),
-            "baseline_mib": before}
+    from runtime.benchmark import resident_bytes
+    held = resident_bytes(runner.model, runner.optimizer)
+    return {"design": design.name, "peak_mib": max(0.0, after - before), "baseline_mib": before,
+            "tensor_peak_mib": (held + step_tensor_peak(runner.step)) / 2**20}
+
+
+def step_tensor_peak(step) -> int:
+    """The peak bytes of tensors one call of `step` allocates over what was live when it started, from
+    torch.profiler's memory events (each op's own allocations less its frees, in time order). A step run after
+    others returns what it allocated (net 0), so the running sum starts and ends at what the design holds. An op
+    that frees a temporary before it returns shows only its net: workspaces inside one kernel are not seen."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    changes = sorted((e.time_range.start, e.self_cpu_memory_usage) for e in prof.events()
+                     if e.self_cpu_memory_usage != 0)
+    live = peak = 0
+    for _, nbytes in changes:
+        live += nbytes
+        peak = max(peak, live)
+    return peak
 
 
 def run_probes(argv: list[str], designs: list[Design], jobs: int) -> "list":
-    """Start one child per design (`--memory-probe K`); returns futures of {design: peak MiB or None}."""
+    """Start one child per design (`--memory-probe K`); returns futures of its `memory_probe` dict, or None."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
 
-    def probe(k: int) -> Optional[float]:
+    def probe(k: int) -> Optional[dict]:
         cmd = [sys.executable, "-m", "scripts.bench", "--memory-probe", str(k), *argv]  # options before a "--"
         done = subprocess.run(cmd, capture_output=True, text=True, env=env)
         try:
-            return float(json.loads(done.stdout.strip().splitlines()[-1])["peak_mib"])
+            found = json.loads(done.stdout.strip().splitlines()[-1])
+            return {key: float(found[key]) for key in ("peak_mib", "tensor_peak_mib")}
         except (ValueError, IndexError, KeyError, TypeError):
             tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
             print(f"memory probe of {designs[k].name} failed (exit {done.returncode}): {' | '.join(tail)}",

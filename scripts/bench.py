@@ -20,13 +20,15 @@ Memory. CUDA: per design in the timing process, torch.cuda.max_memory_allocated 
 designs hold (their parameters and optimizer state) — the caching allocator counts only live tensors, so the designs
 do not blur each other. CPU: the process's resident set cannot be split between designs that share it, so each
 design also runs alone in a child process of its own (`--memory-probe`; all at once by default, which changes no
-process's own peak, and done before the timing process builds its models): its peak RSS over the same warmup +
-timed steps on the same batches, the high-water mark reset after the warmup steps (/proc/self/clear_refs; else
-resource.getrusage ru_maxrss over all steps), minus the RSS it had after its imports and one step of a miniature of
-itself (which takes the lazy imports and one-time setup out of the count), before building the model. That growth
-is the parameters, gradients, optimizer state, activations, compiled code and what the allocator keeps, under the
-same glibc setting as training (runtime/cpu.py); the compiler's transients during the warmup are not in it, as they
-are not in CUDA's max_memory_allocated.
+process's own peak, and done before the timing process builds its models). There `peak MiB` is CUDA's quantity:
+what the design holds between steps (parameters, optimizer state) plus the peak of the tensors one more step
+allocates over it, from torch.profiler's memory events (runtime/memory_probe.py). `RSS MiB` is the operating
+system's view: the peak RSS over the same warmup + timed steps on the same batches, the high-water mark reset after
+the warmup steps (/proc/self/clear_refs; else resource.getrusage ru_maxrss over all steps), minus the RSS it had
+after its imports and one step of a miniature of itself (which takes the lazy imports and one-time setup out of the
+count), before building the model. That growth is the parameters, gradients, optimizer state, activations,
+compiled code, what the compiler keeps (graphs, guards) and what the allocator keeps, under the same glibc setting
+as training (runtime/cpu.py); the compiler's transients during the warmup are not in it.
 
 Reference row `hf-llama` (--hf-reference; on by default when transformers is installed and the first model is dense):
 transformers' LlamaForCausalLM with the first model's shapes (model/hf.py's config: padded vocab, untied
@@ -37,7 +39,7 @@ only), its decoder layers compiled under --compile. Its step: forward to full lo
 same targets, backward, clip, torch.optim.AdamW with the config's lr, betas, eps and weight decay on every parameter
 (fused on CUDA, foreach on CPU), zero_grad.
 
-Ratios are to the first design: time (ms/step) and memory (peak MiB). MFU is printed on GPUs whose peak is known.
+Ratios are to the first design: time (ms/step), memory (peak MiB) and on CPU the RSS. MFU is printed on GPUs whose peak is known.
 
 Footprint (a second table; --no-footprint skips it), after the timed rounds, per design of ours (runtime/footprint.py):
 the bytes autograd saves for backward per block (mean over blocks) and at most at once in the LM head, through
@@ -117,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         for note in notes:
             print(f"note: {note}", file=sys.stderr)
-        peak_mem: dict[str, Optional[float]] = {}
+        peak_mem: dict[str, Optional[float]] = {}  # tensors (as max_memory_allocated on CUDA)
+        rss_mem: dict[str, Optional[float]] = {}  # CPU: the peak resident set's growth
         probed = di.device.type == "cpu" and not args.no_memory
         if probed:
             # The probes finish before this process builds its models: at no time does the machine hold more than
@@ -125,10 +128,12 @@ def main(argv: list[str] | None = None) -> int:
             probes = run_probes(argv, designs, args.memory_jobs or len(designs))
             if any(d.hf for d in designs):
                 import transformers  # noqa: F401  (slow; meanwhile)
-            peak_mem = {d.name: f.result() for d, f in zip(designs, probes)}
+            found = {d.name: f.result() for d, f in zip(designs, probes)}
+            peak_mem = {name: m and m["tensor_peak_mib"] for name, m in found.items()}
+            rss_mem = {name: m and m["peak_mib"] for name, m in found.items()}
         header, rows = time_designs(designs, di, batches, args.steps, args.warmup, peak_mem, probed, notes,
                                     args.json, (args.profile, args.profile_steps) if args.profile else None,
-                                    measure_footprint=not args.no_footprint)
+                                    measure_footprint=not args.no_footprint, rss_mem=rss_mem)
         print(format_header(header))
         print(format_table(rows), end="")
         print(format_footprint(rows), end="")

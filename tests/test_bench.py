@@ -8,6 +8,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import torch
 
 import train
 from config import load_config
@@ -41,14 +42,15 @@ def test_table_has_every_design_its_memory_and_the_ratios(tmp_path, capsys):
     assert bench.main(["--presets", "baseline", "unified", "--hf-reference", "--json", str(table), *TINY]) == 0
     out = capsys.readouterr().out
     header, rows = _rows(out)
-    assert "peak MiB" in out.splitlines()[1] and header[-4:] == ["time", "×", "mem", "×"]
+    assert "peak MiB" in out.splitlines()[1] and header[-8:] == ["RSS", "MiB", "RSS", "×", "time", "×", "mem", "×"]
     assert set(rows) == {"baseline", "unified", "hf-llama"}
-    assert rows["baseline"][-2:] == ["1.000", "1.000"]  # both ratios are to the first design
+    assert rows["baseline"][-3:] == ["1.000", "1.000", "1.000"]  # every ratio is to the first design
     data = json.loads(table.read_text())
-    assert data["memory"] == "peak RSS growth, one process per design"
+    assert data["memory"] == "tensors held + a step's peak (torch.profiler), and peak RSS growth; one process per design"
     by_name = {r["design"]: r for r in data["rows"]}
-    for r in data["rows"]:  # each design measured in its own process: memory > 0, and a finite ratio
+    for r in data["rows"]:  # each design measured in its own process: memory > 0, and finite ratios
         assert r["ms_per_step"] > 0 and r["peak_mem_mib"] > 0 and r["mem_ratio"] > 0, r
+        assert r["rss_mib"] > 0 and r["rss_ratio"] > 0, r
     # transformers' Llama with the baseline's configuration has exactly the baseline's parameters
     assert by_name["hf-llama"]["params"] == by_name["baseline"]["params"] == 163_904
     assert by_name["unified"]["params"] > by_name["baseline"]["params"]
@@ -79,6 +81,23 @@ def test_a_probe_measures_its_peak_from_after_the_setup():
     grown = memory_probe.proc_status_mib("VmHWM") - start
     del design
     assert 60 < grown < 128, grown
+
+
+def test_a_steps_tensor_peak_is_what_it_allocates_over_its_start():
+    """The CPU's max_memory_allocated (runtime/memory_probe.py): a step that builds 4 MiB, then 2 MiB beside it,
+    then frees both peaks at 6 MiB over what was live before it, whatever was live (here 8 MiB); 4 MiB kept to the
+    end counts as well, so a step that grows its state is seen."""
+    held = torch.ones(2 * 2**20)  # 8 MiB live before the step: not counted
+
+    def step(keep: list):
+        a = torch.ones(2**20)  # 4 MiB
+        b = torch.ones(2**19)  # 2 MiB: the peak, 6 MiB
+        del b
+        keep.append(a)
+
+    kept: list = []
+    assert memory_probe.step_tensor_peak(lambda: step(kept)) == 6 * 2**20
+    assert held.numel() and len(kept) == 1
 
 
 def test_a_cut_bench_keeps_the_rounds_it_timed(tmp_path, monkeypatch):
