@@ -1,8 +1,10 @@
-"""The reproduction of the paper's figures, in the order of its stages (the commands are thin scripts in scripts/):
+"""The reproduction of the paper's figures: its library in the order of its stages, its commands beside them
+(reproduce.py, plan.py, results.py, scaling_law.py: `python -m repro.reproduce`, ...), its tests in repro/tests/.
+The framework imports none of it.
 
     figures.py      which runs make up each figure and panel (configs/figures/fig<N>/)
     experiments.py  when two runs are the same experiment (resolved config outside log.*)
-    paper.py        the paper-scale plan: unique runs, their data, their compute (scripts/plan.py)
+    paper.py        the paper-scale plan: unique runs, their data, their compute (repro/plan.py)
     proxy.py        how a paper run becomes a CPU proxy run: shapes, steps, batch, tokens per parameter
     jobs.py         a figure's runs as jobs: run directory, train.py's arguments, the command that runs one here
     comparisons.py  what docs/results.md compares, with the paper's numbers (docs/paper.md §4)
@@ -16,5 +18,5 @@
     plotting.py     figures, Δ-loss curves with bands, scaling-law plots
     sections.py     one comparison's part of the page
     reading.py      the reading in plain words, the count behind it, the power on the central claims, v1 against v2
-    page.py         docs/results.md (scripts/results.py writes it); versions.py keeps the earlier pages' numbers
+    page.py         docs/results.md (repro/results.py writes it); versions.py keeps the earlier pages' numbers
 """

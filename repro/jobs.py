@@ -1,5 +1,5 @@
 """A figure's runs as jobs: one (run, seed) each, its run directory, train.py's arguments, and the command that runs
-it here. `python -m scripts.reproduce` runs a figure's jobs and `python -m scripts.results` (repro/runner.py) the
+it here. `python -m repro.reproduce` runs a figure's jobs and `python -m repro.results` (repro/runner.py) the
 jobs of docs/results.md; both build them here, so a run directory has one name whichever command trains it.
 """
 from __future__ import annotations
@@ -60,7 +60,7 @@ def make_job(fig: Figure, run: str, scale: str, seed: int, seeds: int, out_dir: 
 
 def command(job: Job, scale: str, nproc: int) -> list[str]:
     """What runs here: this interpreter, under torch.distributed.run (torchrun's module) for several processes, so a
-    `venv/bin/python -m scripts.reproduce` never picks up another environment's `torchrun` from PATH."""
+    `venv/bin/python -m repro.reproduce` never picks up another environment's `torchrun` from PATH."""
     if scale == "tiny" or nproc == 1:
         return [sys.executable, "train.py", *job.argv]
     return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "train.py", *job.argv]

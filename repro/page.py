@@ -1,4 +1,4 @@
-"""docs/results.md, written from the runs' config.yaml and metrics.jsonl by `python -m scripts.results`.
+"""docs/results.md, written from the runs' config.yaml and metrics.jsonl by `python -m repro.results`.
 
 Every number in the page is computed here from the runs; the paper's numbers beside them are docs/paper.md §4's, v1's
 are repro/versions.py's. A difference is "ours − reference" at the last evaluation (the final weights), paired by seed,
@@ -116,7 +116,7 @@ def corpus_lines(run: Run) -> list[str]:
 
 def write_page(plan: Plan, where: dict, page: Path, cpu: dict[str, float], wiki: str, rebuild: str) -> None:
     """`cpu`: CPU seconds per run directory name (repro/runner.py, CpuLedger). `rebuild`: the command that writes this
-    page again from its runs' archive (scripts/results.py, rebuild_command).
+    page again from its runs' archive (repro/results.py, rebuild_command).
     The plots go to img/<the page's name>/ beside it, so two pages (v3's and v2's) keep their own."""
     page = Path(page)
     img_dir = page.parent / "img" / page.stem
@@ -129,7 +129,7 @@ def write_page(plan: Plan, where: dict, page: Path, cpu: dict[str, float], wiki:
     text = [
         "# Results: a measured small-scale reproduction of Figures 1 and 5–9",
         "",
-        "<!-- Written by `python -m scripts.results` from the runs' config.yaml and metrics.jsonl, and rebuilt from "
+        "<!-- Written by `python -m repro.results` from the runs' config.yaml and metrics.jsonl, and rebuilt from "
         f"the archive by `{rebuild}`; edit repro/page.py, repro/reading.py and repro/sections.py, not this file. -->",
         "",
         *intro(res, cpu, rebuild),
@@ -166,7 +166,7 @@ def intro(res: Results, cpu: dict[str, float], rebuild: str) -> list[str]:
                if unledgered else "")
     return [
         f"Every number below comes from {len(res.loaded)} finished runs ({seeds_per_curve(res)} per curve) of the "
-        f"CPU proxy, written by `python -m scripts.results`, which ran them in **{ran / 3600:.2f} CPU-hours** "
+        f"CPU proxy, written by `python -m repro.results`, which ran them in **{ran / 3600:.2f} CPU-hours** "
         f"(user + system time of every run's process, summed over every invocation{counted}); this page is rebuilt "
         f"from the runs' archive by `{rebuild}`. Deltas are *ours − reference* in the final validation loss (the eval set "
         "below), paired by seed, with a 95 % Student-t interval; WikiText-2 is its test set, never trained on, "
@@ -237,7 +237,7 @@ def proxy_why() -> list[str]:
     dense, moe = proxy.DENSE, proxy.MOE
     return [
         "Each run is a figure's own config (its strategy, optimizer, schedule, lr and weight decay) with "
-        "[configs/proxy/tiny.yaml](../configs/proxy/tiny.yaml) layered over it by `scripts.reproduce --scale tiny`: "
+        "[configs/proxy/tiny.yaml](../configs/proxy/tiny.yaml) layered over it by `repro.reproduce --scale tiny`: "
         "the built-in public-domain English corpus (Shakespeare and the King James Bible, offline) in a trained "
         f"BPE, sequences of {proxy.SEQ_LEN}, heads of {proxy.HEAD_DIM}. Llama-0.12B's proxy is {dense.label} "
         f"and MoE-0.5B's {moe.label} with top-{max(1, moe.n_experts // 4)} routing, both eager fp32. "

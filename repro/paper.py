@@ -309,7 +309,7 @@ def render(p: Plan, markdown: bool = False) -> str:
                    f"{d.passes(d.largest):.3f} ({d.largest.name})", f"`{d.prepare}`" if markdown else d.prepare]
                   for d in p.data], markdown)
     how = ("Every run reads its windows from the whole dir (data/loader.py); prepare it once, then "
-           "`python -m scripts.reproduce all` trains each unique run once (a finished one is skipped) and draws "
+           "`python -m repro.reproduce all` trains each unique run once (a finished one is skipped) and draws "
            "every figure.")
     sections = [("Runs", runs), ("Figures", figures), ("Data", data)]
     if markdown:

@@ -1,5 +1,5 @@
 """The reproduction's plots: a figure in the paper's arrangement (loss and Δ-loss against tokens per panel, as
-`scripts.reproduce` draws it), the results page's Δ-loss curves with their seed bands, and a law per strategy.
+`repro.reproduce` draws it), the results page's Δ-loss curves with their seed bands, and a law per strategy.
 
 Every plot reads runs through runs.py (metrics.jsonl), never wandb; matplotlib is imported where it draws.
 """

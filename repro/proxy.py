@@ -33,8 +33,8 @@ those speeds. The corpus holds 3.49M training tokens in it; the largest run (the
 tokens) reads 1.86 passes.
 
 Precision, measured again on a 2-core AMD EPYC with AVX2 and no AVX-512 (`torch.backends.cpu.get_cpu_capability()`
-says AVX2), one thread per run as `scripts.results --jobs 2` runs them, the dense proxy's command of
-`python -m scripts.results --dry-run` with `train.steps=100` or 150:
+says AVX2), one thread per run as `repro.results --jobs 2` runs them, the dense proxy's command of
+`python -m repro.results --dry-run` with `train.steps=100` or 150:
 
     d 64, 4 layers, compiled bf16, baseline (two side by side)   1.4k tok/s   (bf16 emulated in AVX2)
     d 64, 4 layers, compiled fp32, baseline                      7.8–7.9k tok/s
@@ -108,7 +108,7 @@ MOE = Shape(64, 2, 8)  # MoE-0.5B's proxy (Figs. 8, 9): two MoE layers hold abou
 MOE_LADDER = (Shape(32, 2, 8), MOE, Shape(96, 2, 8))  # Fig. 7: a width ladder
 
 
-# The proxy of each paper size (docs/paper.md §2.1, §2.2, keyed by d_model), for `scripts.reproduce FIG --scale tiny`:
+# The proxy of each paper size (docs/paper.md §2.1, §2.2, keyed by d_model), for `repro.reproduce FIG --scale tiny`:
 # N grows with the paper's N and the largest stays within MAX_PASSES (dense 1B: 1.31M, 3.95 passes).
 DENSE_SIZES = {768: DENSE, 1024: Shape(96, 4), 1280: Shape(96, 6), 1536: Shape(128, 4), 1792: Shape(128, 6)}
 MOE_SIZES = {640: MOE_LADDER[0], 768: MOE, 960: Shape(64, 3, 8), 1024: MOE_LADDER[2], 1280: Shape(96, 3, 8)}

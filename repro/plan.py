@@ -1,13 +1,13 @@
 """The paper-scale plan: every unique run of the paper's figures once, the data dir it reads and the command that
 prepares it, and the compute per run, per figure and in all (repro/paper.py says how each number is counted).
 
-    python -m scripts.plan                     # the tables
-    python -m scripts.plan --seeds 3 --mfu 0.35
-    python -m scripts.plan --markdown          # for repro/README.md and docs/plan.md
-    python -m scripts.plan --json              # for tools
+    python -m repro.plan                       # the tables
+    python -m repro.plan --seeds 3 --mfu 0.35
+    python -m repro.plan --markdown            # for repro/README.md and docs/plan.md
+    python -m repro.plan --json                # for tools
 
 Runs whose resolved configs agree outside log.* are one run (Figs. 1, 5, 6 and 10's 0.12B baselines): it has one run
-directory, named after its first figure's run, and `python -m scripts.reproduce FIG` trains it there once for every
+directory, named after its first figure's run, and `python -m repro.reproduce FIG` trains it there once for every
 figure that reads it.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     out = p.add_mutually_exclusive_group()
     out.add_argument("--markdown", action="store_true", help="Markdown tables")
     out.add_argument("--json", action="store_true", help="one JSON object")
-    p.add_argument("overrides", nargs="*", help="key=value overrides for every run, as scripts.reproduce takes them")
+    p.add_argument("overrides", nargs="*", help="key=value overrides for every run, as repro.reproduce takes them")
     args = p.parse_args(argv)
     if args.seeds < 1:
         p.error(f"--seeds must be at least 1 (got {args.seeds})")

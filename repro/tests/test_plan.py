@@ -1,4 +1,4 @@
-"""The paper-scale plan (repro/paper.py, scripts/plan.py): runs that are one experiment collapse into one run
+"""The paper-scale plan (repro/paper.py, repro/plan.py): runs that are one experiment collapse into one run
 directory that `reproduce` names for every figure; the compute adds up with shared runs counted once; every
 paper-scale config reads one prepared dir that holds its budget in one pass."""
 from __future__ import annotations
@@ -16,10 +16,10 @@ from data.synthetic import synthetic_dir
 from repro import paper
 from repro.figures import FIGURES
 from repro.jobs import jobs
-from scripts import plan as plan_cli
-from scripts import reproduce
+from repro import plan as plan_cli
+from repro import reproduce
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BASELINE_0_12B = (("1", "baseline"), ("5", "baseline"), ("6", "0.12b_baseline"), ("10", "baseline"))
 UNIFIED_0_12B = (("5", "hg_dnp_or_iwd"), ("6", "0.12b_unified"), ("10", "unified"))
 

@@ -1,14 +1,14 @@
 """The measured small-scale reproduction of the paper's Figures 1 and 5–9: every run, then docs/results.md.
 
-    python -m scripts.results                       # run what is missing (4 seeds each), then write docs/results.md
-    python -m scripts.results --page-only           # rewrite the page from the runs as they are, run nothing
-    python -m scripts.results --page-only --archive runs.jsonl.gz   # and keep what it read, to rewrite it later
-    python -m scripts.results --restore docs/results_runs_v3.jsonl.gz   # continue from an archive's runs
-    python -m scripts.results --dry-run             # list the runs and their commands
-    python -m scripts.results --seeds 8 -- key=value   # more seeds; key=value after -- goes to every run
-    python -m scripts.results --seeds 12 --only 'fig6-ladder/* d64 L4'   # more seeds for one comparison's runs
+    python -m repro.results                         # run what is missing (4 seeds each), then write docs/results.md
+    python -m repro.results --page-only             # rewrite the page from the runs as they are, run nothing
+    python -m repro.results --page-only --archive runs.jsonl.gz     # and keep what it read, to rewrite it later
+    python -m repro.results --restore docs/results_runs_v3.jsonl.gz     # continue from an archive's runs
+    python -m repro.results --dry-run               # list the runs and their commands
+    python -m repro.results --seeds 8 -- key=value     # more seeds; key=value after -- goes to every run
+    python -m repro.results --seeds 12 --only 'fig6-ladder/* d64 L4'     # more seeds for one comparison's runs
 
-Every run is a figure's run on the CPU proxy of `scripts.reproduce --scale tiny` (configs/proxy/tiny.yaml), in its
+Every run is a figure's run on the CPU proxy of `repro.reproduce --scale tiny` (configs/proxy/tiny.yaml), in its
 own process, with WikiText-2's test set as a second, eval-only validation set. Seeds change the init and the data
 order; the curves of one comparison share each seed, so their differences are paired. A run needed by several
 comparisons (Fig. 5's baseline is also Fig. 1's and the largest rung of Fig. 6's ladder) runs once. Runs go seed by
@@ -83,7 +83,7 @@ def rebuild_command(args: argparse.Namespace) -> str:
         path = Path(path).resolve()
         return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
     source = args.archive or args.restore or args.out_dir
-    parts = ["python -m scripts.results --page-only", f"--out-dir {shown(source)}", f"--seeds {args.seeds}"]
+    parts = ["python -m repro.results --page-only", f"--out-dir {shown(source)}", f"--seeds {args.seeds}"]
     if args.lrs != DEFAULT_LRS:
         parts.append(f"--lrs {args.lrs}")
     if Path(args.page).resolve() != DEFAULT_PAGE:

@@ -1,4 +1,4 @@
-"""scripts.results: the whole reproduction on a 2-step, 2-seed miniature at the proxy's own shapes — every
+"""repro.results: the whole reproduction on a 2-step, 2-seed miniature at the proxy's own shapes — every
 comparison's runs (the MoE panels and both ladders included), shared runs run once, the page's numbers equal to what
 the runs' metrics.jsonl say, a second invocation that runs nothing, and a refusal to reuse a run directory of another
 config."""
@@ -16,7 +16,7 @@ from test_train import data_dir  # noqa: F401 - a fixture
 from runs import load_run
 from repro.stats import T80, T975, stat
 from repro import runner
-from scripts import results
+from repro import results
 
 SEEDS = 2
 # 11 Fig. 5 runs; Fig. 1's grid at 2 lrs less its baseline at 4e-3 (Fig. 5's); Fig. 6's ladder less its d64 L4
@@ -50,7 +50,7 @@ def miniature(data_dir, tmp_path_factory):  # noqa: F811
     def run_in_process(cmd):
         assert cmd[:2] == [sys.executable, "train.py"]
         # What is alive now (the earlier tests' and this module's objects, the plan's imports) out of the collector's
-        # view, as tests/conftest.py does after collection: train.py's teardown runs a full gc.collect() per run (68
+        # view, as conftest.py does after collection: train.py's teardown runs a full gc.collect() per run (68
         # here), which otherwise walks all of it. The run's own objects are collected as usual.
         gc.freeze()
         train.main(cmd[2:])
@@ -154,7 +154,7 @@ def test_page_reads_first_and_counts_over_independent_rows(miniature):
             and "in a fixed shuffled order, the same in every run (data/evalset.py); the data names no sources."
             in text[:plain])
     # how it is rebuilt: from the runs it read (no archive here), with the seeds and the grid it was written with
-    assert (f"`python -m scripts.results --page-only --out-dir {runs} --seeds {SEEDS} --lrs 4e-3,8e-3 --page {page}`"
+    assert (f"`python -m repro.results --page-only --out-dir {runs} --seeds {SEEDS} --lrs 4e-3,8e-3 --page {page}`"
             in text[:plain])
     # both stay listed: the central claims are short of power, and the grids have run at 2 seeds of the 4 that
     # retuning asks for
@@ -238,7 +238,7 @@ def test_the_rebuild_command_names_the_archive_and_seeds():
         base = dict(archive=None, restore=None, out_dir="runs/results", seeds=4, lrs=results.DEFAULT_LRS,
                     page=results.DEFAULT_PAGE)
         return argparse.Namespace(**{**base, **kw})
-    head = "python -m scripts.results --page-only --out-dir"
+    head = "python -m repro.results --page-only --out-dir"
     assert results.rebuild_command(ns(archive=Path("docs/results_runs_v3.jsonl.gz"))) == \
         f"{head} docs/results_runs_v3.jsonl.gz --seeds 4"
     assert results.rebuild_command(ns(restore=results.ROOT / "docs" / "results_runs_v2", seeds=6,

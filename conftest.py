@@ -1,4 +1,5 @@
-"""Hermetic caches and offline settings for the whole suite (docs/design.md, Environment facts, trap 3 and 5).
+"""Hermetic caches and offline settings for the whole suite, tests/ and repro/tests/ (docs/design.md, Environment facts,
+trap 3 and 5).
 
 Set in pytest_configure, before any test module imports tiktoken or datasets (which read these at import time):
 - TIKTOKEN_CACHE_DIR, HF_HOME, HF_DATASETS_CACHE → a fresh temp folder, removed at the end of the session;
@@ -24,7 +25,7 @@ def _find_shared() -> Path:
     (a scratch clone such as `git clone . /tmp/x` still finds the project's data)."""
     if os.environ.get("SCALEVEC_SHARED_DIR"):
         return Path(os.environ["SCALEVEC_SHARED_DIR"])
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parent
     candidates = [repo.parent / "shared"]
     try:
         origin = subprocess.run(["git", "-C", str(repo), "remote", "get-url", "origin"], capture_output=True,
@@ -100,7 +101,7 @@ def _module_name(item: pytest.Item) -> str:
 
 # The fast tier (`pytest -m fast`, under a minute on 2 cores): the step itself, the model, the loss, the scale
 # vectors, the optimizers, the config, checkpoints and the loader, each in-process; no run of train.py.
-FAST_MODULES = {"test_step", "test_config", "test_model", "test_loss", "test_banks", "test_optim_groups",
+FAST_MODULES = {"test_step", "test_layout", "test_config", "test_model", "test_loss", "test_banks", "test_optim_groups",
                 "test_schedule", "test_muon", "test_optim_hybrid", "test_checkpoint", "test_theory", "test_config_fuzz",
                 "test_data_loader", "test_footprint"}
 

@@ -20,7 +20,7 @@ from runs import load_run
 from repro.sources import composition_lines, eval_read, source_table, sources_of
 from repro.stats import fmt, stat
 
-ARCHIVE = Path(__file__).resolve().parent.parent / "docs" / "results_runs_v2.jsonl.gz"  # v2's runs, compact
+ARCHIVE = Path(__file__).resolve().parents[2] / "docs" / "results_runs_v2.jsonl.gz"  # v2's runs, compact
 V2_SENTENCE = ("Each evaluation reads the first 32,768 tokens of the validation split's 105,578, in stored order, where "
                "its shakespeare documents come first. By source: shakespeare 32,768 (100.0 %), kjv 0 (0.0 %), though "
                "the model trains on shakespeare 60.5 % and kjv 39.5 % of its tokens. These runs' validation loss is on "
@@ -138,7 +138,7 @@ def test_only_trains_the_curves_it_names_and_refuses_a_pattern_that_matches_none
     seed; the page still reads every run there is. A pattern that matches nothing names the curves there are."""
     from repro.runner import plan_runs, select_runs
     from repro.proxy import DENSE, MOE
-    from scripts import results
+    from repro import results
     uniques, where = plan_runs(Plan(3), "runs/x")
     picked = select_runs(uniques, where, [f"fig6-ladder/* {DENSE.label}", f"fig7-ladder/* {MOE.label}"])
     expected = {where[(f"{key}/{design} {shape.label}", seed)].name for key, shape in
@@ -186,7 +186,7 @@ def test_v2s_kept_deltas_recompute_from_its_archive(v2_dir):
 
 
 def test_the_wikitext_set_is_prepared_in_a_checkout_with_no_data_yet(tmp_path):
-    """scripts.results in a fresh checkout: the training data is prepared first (a built-in source on first use),
+    """repro.results in a fresh checkout: the training data is prepared first (a built-in source on first use),
     then WikiText-2 in its tokenizer; before, the eval set's preparation failed on the missing training dir."""
     from data.config import DataConfig
     from data.shards import META_FILE

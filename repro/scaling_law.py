@@ -1,8 +1,8 @@
 """Compute scaling laws per strategy, as in Figs. 6 and 7: fit L = a·C^b to each strategy's final validation losses and
 report the equal-loss compute multiplier against a reference strategy (repro/laws.py holds the math).
 
-    python -m scripts.scaling_law runs/0.12b+baseline runs/0.25b+baseline ... runs/1b+unified --out law.png
-    python -m scripts.scaling_law --points markers.csv          # rows: strategy,C,loss (C in PFLOP/s-days)
+    python -m repro.scaling_law runs/0.12b+baseline runs/0.25b+baseline ... runs/1b+unified --out law.png
+    python -m repro.scaling_law --points markers.csv            # rows: strategy,C,loss (C in PFLOP/s-days)
 
 C = 6·N·D / 8.64e19 PFLOP/s-days, with D the tokens seen at the final evaluation and N the parameters without
 the input embedding — for MoE all of them, not the activated ones (docs/paper.md §3.6: the paper's compute axis).

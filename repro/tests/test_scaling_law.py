@@ -1,4 +1,4 @@
-"""repro.laws and scripts.scaling_law: the paper's own markers give its compute multipliers; run directories are read,
+"""repro.laws and repro.scaling_law: the paper's own markers give its compute multipliers; run directories are read,
 labeled by preset and placed on the paper's compute axis; the bootstrap over seeds gives every multiplier and
 crossing an interval that holds its estimate and narrows with the seeds' spread."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from config import load_config, strategy_name
 from repro import laws
 from repro.proxy import compute_params
 from runs import load_run
-from scripts import scaling_law
+from repro import scaling_law
 
 # docs/paper.md §4.5 (dense) and §4.6 (MoE): C in PFLOP/s-days, baseline and unified terminal losses [F]
 DENSE_C = [0.056, 0.346, 1.428, 3.439, 6.397]

@@ -1,4 +1,4 @@
-"""scripts.reproduce: every figure's paper-scale commands load; a tiny-scale figure runs end to end, resumes by
+"""repro.reproduce: every figure's paper-scale commands load; a tiny-scale figure runs end to end, resumes by
 skipping what is done, and draws its panels and terminal table."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from config import load_config
 from repro import proxy
 from repro.figures import FIGURES
 from repro.jobs import command, jobs, shown
-from scripts import reproduce
+from repro import reproduce
 from test_train import data_dir  # noqa: F401 - a fixture
 
 
