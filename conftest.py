@@ -4,10 +4,11 @@ trap 3 and 5).
 Set in pytest_configure, before any test module imports tiktoken or datasets (which read these at import time):
 - TIKTOKEN_CACHE_DIR, HF_HOME, HF_DATASETS_CACHE → a fresh temp folder, removed at the end of the session;
 - HF_DATASETS_OFFLINE=1, HF_HUB_OFFLINE=1: `datasets` fails fast instead of retrying the Hub;
-- SCALEVEC_TOKENIZER_DIR → ../shared/tokenizers beside the repo (gpt2.tiktoken) when it exists and the variable is
-  not set already. Without it, tiktoken downloads GPT-2's ranks once per session, as it does for any user online.
+- SCALEVEC_TOKENIZER_DIR → the tokenizers/ folder (gpt2.tiktoken) of an optional data folder, $SCALEVEC_SHARED_DIR
+  or shared/ beside the checkout, when it exists and the variable is not set already. Without it, tiktoken
+  downloads GPT-2's ranks once per session, as it does for any user online.
 
-Nothing here needs ../shared: the tests read text from the built-in corpus's packages (installed by the README's
+Nothing here needs that folder: the tests read text from the built-in corpus's packages (installed by the README's
 test command) and GPT-2's ranks from wherever `data.tokenizer` finds them.
 """
 from __future__ import annotations

@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -131,4 +132,8 @@ if __name__ == "__main__":
         # Other errors may be one rank's own (its node's data, its disk), so each rank says its own.
         if not isinstance(e, ConfigError) or os.environ.get("RANK", "0") == "0":
             print(f"error: {e}", file=sys.stderr)
+        elif "TORCHELASTIC_RUN_ID" in os.environ:
+            # torchrun stops every rank once one exits with an error: were this rank first, it could stop rank 0
+            # before rank 0 said why. Rank 0 exits right after saying it; this one waits for that, 30 s at most.
+            time.sleep(30)
         sys.exit(2)
