@@ -19,7 +19,7 @@ from runs import Run
 from repro.sections import crossing_log, grid_edge, law_of, lead_after_retuning
 from repro.sources import all_prefix
 from repro.significance import benjamini_hochberg, holm, p_value, seeds_for
-from repro.stats import (ALPHA, CONTRADICTS, FAR, LARGER, REPRODUCES, RULED_OUT, SMALLER, UNDECIDED, UNINFORMATIVE,
+from repro.stats import (ALPHA, CONSISTENT, CONTRADICTS, FAR, LARGER, REPRODUCES, RULED_OUT, SMALLER, UNDECIDED, UNINFORMATIVE,
                          VERDICTS, far, fmt, ratio, stat, verdict_class)
 from repro.versions import V1, V2, PastPage
 
@@ -57,7 +57,7 @@ def delta_text(r: Row) -> str:
     if r.paper is None:
         return base
     base += f" against the paper's {r.paper:+.4f}"
-    if v == REPRODUCES:
+    if v in (REPRODUCES, CONSISTENT):
         return base + f", ours/paper {ratio(r.delta, r.paper):.2f}" + (" (far from it)" if far(r.delta, r.paper)
                                                                         else "")
     if v in (LARGER, SMALLER):
@@ -68,7 +68,7 @@ def delta_text(r: Row) -> str:
 
 
 # The plain reading's groups: (heading, the verdict classes it holds).
-GROUPS = (("Supported", "resolved, with the paper's sign", (REPRODUCES, LARGER, SMALLER)),
+GROUPS = (("Supported", "resolved, with the paper's sign", (REPRODUCES, CONSISTENT, LARGER, SMALLER)),
           ("Contradicted", "resolved, with the opposite sign", (CONTRADICTS,)),
           ("The paper's size ruled out", "unresolved, but the interval excludes the paper's value", (RULED_OUT,)),
           ("Not resolved at this scale", "the interval holds both 0 and the paper's value; an MDE above the paper's "

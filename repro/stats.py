@@ -81,23 +81,27 @@ def ratio(delta: Optional[Stat], paper: Optional[float]) -> Optional[float]:
 
 
 # The verdict classes, in the order the page tallies them. Each says what the interval can and cannot say about the
-# paper's value (results v3): no label hides an interval that excludes the paper's value.
-REPRODUCES, LARGER, SMALLER, CONTRADICTS, RULED_OUT, UNINFORMATIVE, UNDECIDED, RESOLVED, UNRESOLVED, ONE_SEED, \
-    NO_RUNS = ("reproduces", "right sign, larger", "right sign, smaller", "contradicts",
-               "the paper's size is ruled out here", "cannot tell at this power (uninformative)",
-               "undecided at this power", "resolved", "unresolved", "one seed", "no runs")
-VERDICTS = (REPRODUCES, LARGER, SMALLER, CONTRADICTS, RULED_OUT, UNINFORMATIVE, UNDECIDED, RESOLVED, UNRESOLVED,
-            ONE_SEED, NO_RUNS)
-SUPPORTS = (REPRODUCES, LARGER, SMALLER)  # resolved, with the paper's sign
+# paper's value: no label hides an interval that excludes the paper's value, and none claims a size the interval
+# cannot fix (an interval wider than the paper's |Δ| holds the paper's value and values half or twice as large).
+REPRODUCES, CONSISTENT, LARGER, SMALLER, CONTRADICTS, RULED_OUT, UNINFORMATIVE, UNDECIDED, RESOLVED, UNRESOLVED, \
+    ONE_SEED, NO_RUNS = ("reproduces the size", "consistent with the paper", "right sign, larger",
+                         "right sign, smaller", "contradicts", "the paper's size is ruled out here",
+                         "cannot tell at this power (uninformative)", "undecided at this power", "resolved",
+                         "unresolved", "one seed", "no runs")
+VERDICTS = (REPRODUCES, CONSISTENT, LARGER, SMALLER, CONTRADICTS, RULED_OUT, UNINFORMATIVE, UNDECIDED, RESOLVED,
+            UNRESOLVED, ONE_SEED, NO_RUNS)
+SUPPORTS = (REPRODUCES, CONSISTENT, LARGER, SMALLER)  # resolved, with the paper's sign
+SIZE_RULE = 0.5  # "reproduces the size": the interval's half-width at most this times the paper's |Δ|
 FAR = 3.0  # a point estimate more than FAR times the paper's, or under 1/FAR of it, is far from the paper's
 
 
 def verdict_class(delta: Optional[Stat], paper: Optional[float]) -> str:
     """What the interval says about the paper's value.
 
-    Resolved (the interval excludes 0): of the paper's sign, it *reproduces* the paper only when the interval holds
-    the paper's value, else it is *right sign, larger* or *smaller* (the paper's value outside the interval); of the
-    opposite sign it *contradicts* the paper. Unresolved: an interval that excludes the paper's value rules the
+    Resolved (the interval excludes 0): of the paper's sign, an interval that holds the paper's value *reproduces the
+    size* when its half-width is at most SIZE_RULE × the paper's |Δ| (narrow enough to tell the paper's size from
+    half or twice it), and is only *consistent with the paper* when wider; one that does not hold it is *right sign,
+    larger* or *smaller*; of the opposite sign it *contradicts* the paper. Unresolved: an interval that excludes the paper's value rules the
     paper's size out here (a verdict of its own, not noise); one that holds it cannot tell when the MDE exceeds the
     paper's |Δ| (these seeds could not have seen the paper's effect: uninformative, not a null), and is *undecided*
     when the seeds had the power and the interval still holds both 0 and the paper's value."""
@@ -111,7 +115,7 @@ def verdict_class(delta: Optional[Stat], paper: Optional[float]) -> str:
         if (delta.mean > 0) != (paper > 0):
             return CONTRADICTS
         if delta.contains(paper):
-            return REPRODUCES
+            return REPRODUCES if delta.half <= SIZE_RULE * abs(paper) else CONSISTENT
         return LARGER if abs(delta.mean) > abs(paper) else SMALLER
     if not delta.contains(paper):
         return RULED_OUT
@@ -119,11 +123,14 @@ def verdict_class(delta: Optional[Stat], paper: Optional[float]) -> str:
 
 
 def verdict(delta: Optional[Stat], paper: Optional[float]) -> str:
-    """The verdict as a table cell writes it: with the ratio ours/paper where it reproduces, with the MDE against
-    the paper's |Δ| where the seeds lack (or have) the power to tell."""
+    """The verdict as a table cell writes it: with the ratio ours/paper where the interval holds the paper's value,
+    with the MDE against the paper's |Δ| where the seeds lack (or have) the power to tell."""
     v = verdict_class(delta, paper)
     if v == REPRODUCES:
         return f"{v} (ours/paper {ratio(delta, paper):.2f}{', far from the paper' if far(delta, paper) else ''})"
+    if v == CONSISTENT:
+        return (f"{v} (ours/paper {ratio(delta, paper):.2f}{', far from the paper' if far(delta, paper) else ''}; "
+                f"± {delta.half:.4f} is wider than half the paper's |Δ|, so no size)")
     if v in (LARGER, SMALLER):
         return f"{v} (the paper's value outside the interval)"
     if v == CONTRADICTS:

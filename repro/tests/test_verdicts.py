@@ -18,7 +18,7 @@ from repro.measure import Results
 from repro.reading import CENTRAL, count_section, count_sentence, plain_reading, short_of_power, versus_past
 from repro.sections import delta_cells, law_lines, lr_grid_section
 from repro.significance import benjamini_hochberg, betainc, holm, mde_at, p_value, seeds_for, t_cdf, t_two_sided
-from repro.stats import T80, T975, Stat, far, stat, verdict, verdict_class
+from repro.stats import T80, T975, Stat, far, stat, t975, verdict, verdict_class
 
 
 def t_quantile(p: float, df: int) -> float:
@@ -61,7 +61,8 @@ def test_every_verdict_label_on_constructed_intervals():
     """Each label of repro/stats.py from an interval built for it (paper −0.02; half width t₀.₉₇₅ · sd / √n)."""
     paper = -0.02
     cases = {  # Stat → (label, interval)
-        "reproduces": Stat(-0.022, 0.004, 6),  # [-0.0262, -0.0178]: resolved, holds the paper's value
+        "reproduces the size": Stat(-0.022, 0.004, 6),  # [-0.0262, -0.0178]: holds -0.02, ±0.0042 ≤ 0.01
+        "consistent with the paper": Stat(-0.022, 0.012, 6),  # [-0.0346, -0.0094]: holds -0.02, ±0.0126 > 0.01
         "right sign, larger": Stat(-0.1, 0.004, 6),  # [-0.104, -0.096]: resolved, the paper's value above it
         "right sign, smaller": Stat(-0.005, 0.001, 6),  # [-0.006, -0.004]
         "contradicts": Stat(+0.02, 0.004, 6),  # resolved, opposite sign
@@ -76,17 +77,24 @@ def test_every_verdict_label_on_constructed_intervals():
     blind, undecided = cases["cannot tell at this power (uninformative)"], cases["undecided at this power"]
     assert blind.contains(0.0) and blind.contains(paper) and blind.mde > abs(paper)
     assert undecided.contains(0.0) and undecided.contains(paper) and undecided.mde <= abs(paper)
-    # What each cell says: the ratio where it reproduces, the MDE against |paper| where it cannot tell.
-    assert verdict(cases["reproduces"], paper) == "reproduces (ours/paper 1.10)"
+    # The size rule's edge: a half-width of exactly half the paper's |Δ| still fixes the size.
+    edge = Stat(-0.02, 0.01 * 6 ** 0.5 / t975(5), 6)
+    assert edge.half == pytest.approx(0.01) and verdict_class(edge, paper) == "reproduces the size"
+    assert verdict_class(Stat(-0.02, 1.01 * edge.sd, 6), paper) == "consistent with the paper"
+    # What each cell says: the ratio where it holds the paper's value, the MDE against |paper| where it cannot tell.
+    assert verdict(cases["reproduces the size"], paper) == "reproduces the size (ours/paper 1.10)"
+    assert verdict(cases["consistent with the paper"], paper) == (
+        "consistent with the paper (ours/paper 1.10; ± 0.0126 is wider than half the paper's |Δ|, so no size)")
     assert verdict(ruled, paper) == "unresolved; the paper's size is ruled out here (the interval excludes -0.0200)"
     assert verdict(blind, paper) == f"cannot tell at this power (uninformative): MDE {blind.mde:.4f} > |paper| 0.0200"
     assert "within noise" not in " ".join(verdict(s, paper) for s in cases.values())
-    # A wide interval that holds a paper value 6.8× smaller reproduces it, and says it is far (hg_dp_or in v2).
+    # A wide interval that holds a paper value 6.8× smaller is only consistent with it, and far (hg_dp_or in v2).
     wide = Stat(-0.0430, 0.0262, 4)
-    assert verdict_class(wide, -0.0063) == "reproduces" and far(wide, -0.0063)
-    assert verdict(wide, -0.0063) == "reproduces (ours/paper 6.83, far from the paper)"
+    assert verdict_class(wide, -0.0063) == "consistent with the paper" and far(wide, -0.0063)
+    assert verdict(wide, -0.0063) == ("consistent with the paper (ours/paper 6.83, far from the paper; ± 0.0417 is "
+                                      "wider than half the paper's |Δ|, so no size)")
     assert far(cases["contradicts"], paper) and far(cases["right sign, smaller"], paper)
-    assert not far(cases["reproduces"], paper) and not far(cases["reproduces"], None)
+    assert not far(cases["reproduces the size"], paper) and not far(cases["reproduces the size"], None)
     # Without a paper value, without seeds.
     assert verdict_class(cases["right sign, larger"], None) == "resolved"
     assert verdict_class(blind, None) == "unresolved"
