@@ -67,6 +67,22 @@ def delta_text(r: Row) -> str:
     return base
 
 
+def wiki_text(r: Row) -> str:
+    """The same delta on WikiText-2 (never trained on), and whether a resolved delta keeps its sign there."""
+    if r.wiki is None or r.delta is None or r.wiki.n < 2:
+        return ""
+    text = f"; on WikiText-2 {fmt(r.wiki, True)}"
+    if r.delta.resolved and r.wiki.resolved and (r.delta.mean > 0) != (r.wiki.mean > 0):
+        return text + ", **the sign flips, resolved both ways**"
+    return text
+
+
+def sign_flips(rows: list[Row]) -> list[Row]:
+    """The rows resolved on the eval set and on WikiText-2 with opposite signs."""
+    return [r for r in rows if r.delta is not None and r.wiki is not None and r.delta.resolved and r.wiki.resolved
+            and (r.delta.mean > 0) != (r.wiki.mean > 0)]
+
+
 # The plain reading's groups: (heading, the verdict classes it holds).
 GROUPS = (("Supported", "resolved, with the paper's sign", (REPRODUCES, CONSISTENT, LARGER, SMALLER)),
           ("Contradicted", "resolved, with the opposite sign", (CONTRADICTS,)),
@@ -82,7 +98,8 @@ def plain_reading(res: Results) -> list[str]:
     if not rows:
         return ["No delta has two seeds yet: the proxy says nothing about the paper's claims so far.", ""]
     out = ["The paper's central claims, each one row of the tables below:", ""]
-    out += [f"- {name}: {delta_text(r)}: **{verdict_class(r.delta, r.paper)}**." for name, r in central_rows(res)]
+    out += [f"- {name}: {delta_text(r)}: **{verdict_class(r.delta, r.paper)}**{wiki_text(r)}."
+            for name, r in central_rows(res)]
     out += retuned_lines(res)
     out.append("")
     for head, what, classes in GROUPS:
@@ -202,7 +219,12 @@ def count_section(res: Results, orderings: list[bool]) -> list[str]:
     out += [f"Resolved or not, {sum((r.delta.mean > 0) == (r.paper > 0) for r in signed)} of the {len(signed)} "
             f"mean deltas have the paper's sign. On WikiText-2, {len(agree)} of the {len(both)} resolved deltas keep "
             f"their sign ({sum(r.wiki.resolved for r in agree)} of them resolved there too), and {sum(orderings)} of "
-            f"the {len(orderings)} comparisons of three or more curves order them as the validation loss does.", ""]
+            f"the {len(orderings)} comparisons of three or more curves order them as the validation loss does."]
+    flips = sign_flips(counted)
+    out += [(f"{len(flips)} resolved {'delta flips its' if len(flips) == 1 else 'deltas flip their'} sign on "
+             f"WikiText-2, resolved there too: " + "; ".join(
+                 f"{r.title} ({fmt(r.delta, True)}, WikiText-2 {fmt(r.wiki, True)})" for r in flips) + ".")
+            if flips else "No resolved delta flips its sign on WikiText-2 with the flip resolved there.", ""]
     return out + versus_past(res)
 
 

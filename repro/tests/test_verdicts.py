@@ -376,3 +376,19 @@ def test_stat_of_values():
     assert s.half == pytest.approx(T975[1] / math.sqrt(3)) and not s.resolved  # [−0.48, 4.48] holds 0
     assert stat([1.0, 1.1, 1.2]).resolved
     assert stat([]) is None
+
+
+def test_wikitext_beside_a_central_row_and_every_resolved_flip_named():
+    """The reading gives each central row's WikiText-2 delta and names a delta whose sign flips there, resolved both
+    ways; an unresolved flip or a kept sign is no flip."""
+    from types import SimpleNamespace
+
+    from repro.reading import sign_flips, wiki_text
+    up, down, unsure = Stat(+0.04, 0.01, 6), Stat(-0.10, 0.02, 6), Stat(-0.01, 0.05, 6)
+    flip = SimpleNamespace(title="flips", delta=up, wiki=down)
+    kept = SimpleNamespace(title="kept", delta=up, wiki=Stat(+0.05, 0.01, 6))
+    open_ = SimpleNamespace(title="open", delta=up, wiki=unsure)
+    assert wiki_text(flip) == "; on WikiText-2 -0.1000 [-0.1210, -0.0790], **the sign flips, resolved both ways**"
+    assert wiki_text(open_).startswith("; on WikiText-2 -0.0100 [") and "flips" not in wiki_text(open_)
+    assert wiki_text(SimpleNamespace(title="none", delta=up, wiki=None)) == ""
+    assert sign_flips([flip, kept, open_]) == [flip]
