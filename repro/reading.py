@@ -18,7 +18,7 @@ from repro.proxy import DENSE, MOE
 from runs import Run
 from repro.sections import crossing_log, grid_edge, law_of, lead_after_retuning
 from repro.sources import all_prefix
-from repro.significance import benjamini_hochberg, holm, p_value, seeds_for
+from repro.significance import benjamini_hochberg, holm, mde_at, p_value, seeds_for
 from repro.stats import (ALPHA, CONSISTENT, CONTRADICTS, FAR, LARGER, REPRODUCES, RULED_OUT, SMALLER, UNDECIDED, UNINFORMATIVE,
                          VERDICTS, far, fmt, ratio, stat, verdict_class)
 from repro.versions import V1, V2, PastPage
@@ -30,6 +30,7 @@ CENTRAL = (("Dense unified vs baseline, the 0.12B proxy", "fig6-ladder", DENSE.l
            ("Muon, dense", "fig8-muon", "unified"), ("WSD, dense", "fig9-wsd", "unified"),
            ("Muon, MoE", "fig8-muon_moe", "unified"), ("WSD, MoE", "fig9-wsd_moe", "unified"))
 MDE_FLOOR = 0.02  # a central claim's seeds aim at an MDE at or below the larger of the paper's |Δ| and this
+PILOT_SEEDS = 4  # the first round of every curve (the plan's seeds), from which the stopping rule starts
 # The headline at each design's best lr: (what it is, the lr grid's comparison key).
 RETUNED = (("Dense unified vs baseline, each at its best lr", "fig6-best_lr"),
            ("MoE unified vs baseline, each at its best lr", "fig7-best_lr"))
@@ -275,8 +276,8 @@ def power_lines(res: Results) -> list[str]:
            "central claims for reference; its seeds would train the two best lrs' curves, and which lr is best is "
            "itself read from the seeds.",
            "",
-           "| claim | row | seeds | paired sd | MDE now | paper Δ | target MDE | seeds for it |",
-           "|---|---|---|---|---|---|---|---|"]
+           "| claim | row | seeds | paired sd | MDE now | paper Δ | target MDE | seeds for it | the rule stops at |",
+           "|---|---|---|---|---|---|---|---|---|"]
     # Each lr grid's best-lr-against-best-lr row (and Fig. 1's own second row), for reference: not
     # a central claim, so it sets no target the opening reports, and its best lrs are themselves read from the seeds.
     best = [("Best lr against best lr (for reference)", grid[1]) for comp in res.plan.comparisons
@@ -287,9 +288,42 @@ def power_lines(res: Results) -> list[str]:
         paper = f"{r.paper:+.4f}" if r.paper is not None else "–"
         sd = f"{r.delta.sd:.4f}" if r.delta and r.delta.n >= 2 else "–"
         mde = f"{r.delta.mde:.4f}" if r.delta and r.delta.n >= 2 else "–"
+        stop = rule_stop(paired_deltas(res, r), target)
         out.append(f"| {name} | {r.title} | {r.delta.n if r.delta else 0} | {sd} | {mde} | {paper} | {target:.4f} | "
-                   f"{need if need is not None else '–'} |")
-    return out + [""] + variance_lines(res, [r for _, r in rows])
+                   f"{need if need is not None else '–'} | {stop if stop is not None else 'not yet'} |")
+    return out + [""] + beyond_rule_lines(res, rows + best) + variance_lines(res, [r for _, r in rows])
+
+
+def paired_deltas(res: Results, r: Row) -> list[float]:
+    """A row's paired deltas, ours − reference, in seed order."""
+    a, b = res.finals(r.comparison, r.ours), res.finals(r.comparison, r.ref)
+    return [a[s] - b[s] for s in sorted(a) if s in b]
+
+
+def rule_stop(deltas: list[float], target: float) -> Optional[int]:
+    """Where the page's stopping rule, applied as written seed by seed, stops: the first n ≥ PILOT_SEEDS whose MDE
+    from the first n paired deltas' sd is at most `target`; None if it has not stopped within the seeds run."""
+    for n in range(PILOT_SEEDS, len(deltas) + 1):
+        sd = stat(deltas[:n]).sd
+        if mde_at(sd, n) <= target:
+            return n
+    return None
+
+
+def beyond_rule_lines(res: Results, named: list[tuple[str, Row]]) -> list[str]:
+    """The rows that ran more seeds than the stated rule gives, each said plainly: their n was chosen otherwise."""
+    extra = []
+    for name, r in named:
+        deltas = paired_deltas(res, r)
+        stop = rule_stop(deltas, target_mde(r))
+        if stop is not None and len(deltas) > stop:
+            extra.append(f"{r.title} ran {len(deltas)} where the rule stops at {stop}")
+    if not extra:
+        return ["Every row's seeds are where the stated rule, replayed seed by seed on its own paired deltas from the "
+                f"first {PILOT_SEEDS}, stops or has not stopped yet.", ""]
+    return [f"Replayed seed by seed on each row's own paired deltas from the first {PILOT_SEEDS}, the stated rule "
+            f"stops before the seeds these rows ran, so their n was not set by the rule as written (the seeds beyond "
+            f"it were chosen otherwise, and the page does not record why): " + "; ".join(extra) + ".", ""]
 
 
 TAIL_EVALS = (3, 5)  # the last evaluations averaged, against the last one alone

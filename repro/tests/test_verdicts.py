@@ -392,3 +392,15 @@ def test_wikitext_beside_a_central_row_and_every_resolved_flip_named():
     assert wiki_text(open_).startswith("; on WikiText-2 -0.0100 [") and "flips" not in wiki_text(open_)
     assert wiki_text(SimpleNamespace(title="none", delta=up, wiki=None)) == ""
     assert sign_flips([flip, kept, open_]) == [flip]
+
+
+def test_the_stopping_rule_replayed_seed_by_seed():
+    """The page's rule as written: the first n ≥ 4 seeds whose paired sd gives an MDE at or below the target; the
+    seeds a row ran beyond it are said plainly."""
+    from repro.reading import PILOT_SEEDS, rule_stop
+    from repro.significance import mde_at
+    steady = [0.01, -0.01, 0.01, -0.01, 0.01, -0.01, 0.01, -0.01]  # sd ≈ 0.0107 at every n ≥ 4
+    target = mde_at(stat(steady[:6]).sd, 6)  # met first at 6 seeds, exactly
+    assert mde_at(stat(steady[:5]).sd, 5) > target and PILOT_SEEDS == 4
+    assert rule_stop(steady, target) == 6 and rule_stop(steady[:5], target) is None
+    assert rule_stop(steady, 1.0) == PILOT_SEEDS  # the pilot itself meets a loose target: no seed is ever below it
