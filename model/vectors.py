@@ -85,6 +85,17 @@ class ScaleVector(nn.Module):
             return beta * (a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True)))
         return torch.exp(beta + a - a.mean(-1, keepdim=True))
 
+    @torch.no_grad()
+    def magnitude(self) -> torch.Tensor:
+        """The vector's scale apart from its direction, (1,) or (count, 1): OR's β, signed (γ = β·Norm(α)); ER's e^β;
+        direct, the RMS of γ (no sign of its own). Telemetry reads it: under DNP an input-side vector's magnitude
+        meets a Norm and gets no gradient but weight decay's (docs/paper.md §1.5, §1.7)."""
+        if self.reparam == "or":
+            return self.part("beta").detach().clone()
+        if self.reparam == "er":
+            return self.part("beta").detach().exp()
+        return self.part("weight").detach().float().pow(2).mean(-1, keepdim=True).sqrt()
+
     def extra_repr(self) -> str:
         count = "" if self.count is None else f"count={self.count}, "
         banked = "" if self.slot is None else ", banked"

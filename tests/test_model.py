@@ -1,4 +1,5 @@
 """The model half: parameter counts against the paper, init equivalences, folding, causality, roles."""
+import math
 from dataclasses import replace
 
 import pytest
@@ -339,3 +340,21 @@ def test_dnp_u_handed_on_equals_u_on_the_activations(n_kv_heads, tokens):
             assert (a is None) == (b is None)
             if a is not None:  # ≤ 48-row sums through the Norms' backward: 1e-10 relative
                 torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_input_side_magnitudes_in_the_telemetry():
+    """Each input-side vector's magnitude is logged on its own key: OR's β with its sign (a sign change shows), ER's
+    e^β, a direct vector's RMS, banked or not (runtime/telemetry.py)."""
+    from runtime.telemetry import scale_telemetry
+    for name, reparam in (("unified", "or"), ("hg_dnp_er", "er"), ("baseline", "direct")):
+        model = build_model(preset_model_cfg(name), "cpu").double()
+        model.init_weights(0)
+        q = model.layers[1].attn.q_proj.in_scale if name != "baseline" else model.layers[1].attn_norm.scale
+        with torch.no_grad():
+            q.part("weight" if reparam == "direct" else "beta").fill_(-0.5)
+        t = scale_telemetry(model)
+        site = "attn.q_proj" if name != "baseline" else "attn_norm"
+        want = {"or": -0.5, "er": math.exp(-0.5), "direct": 0.5}[reparam]
+        assert t[f"magnitude/L1/{site}"] == pytest.approx(want, rel=1e-6), name  # fp32 telemetry of fp64 values
+        others = [v for k, v in t.items() if k.startswith("magnitude/") and k != f"magnitude/L1/{site}"]
+        assert others and all(v == pytest.approx(1.0) for v in others), name
