@@ -99,9 +99,10 @@ def plain_reading(res: Results) -> list[str]:
     if not rows:
         return ["No delta has two seeds yet: the proxy says nothing about the paper's claims so far.", ""]
     out = ["The paper's central claims, each one row of the tables below:", ""]
-    out += [f"- {name}: {delta_text(r)}: **{verdict_class(r.delta, r.paper)}**{wiki_text(r)}."
+    holm_of = holm_verdicts(contrasts(rows))
+    out += [f"- {name}: {delta_text(r)}: **{verdict_class(r.delta, r.paper)}**{holm_of.get(id(r), '')}{wiki_text(r)}."
             for name, r in central_rows(res)]
-    out += retuned_lines(res)
+    out += retuned_lines(res, holm_of)
     out.append("")
     for head, what, classes in GROUPS:
         group = [r for r in rows if verdict_class(r.delta, r.paper) in classes]
@@ -133,9 +134,10 @@ def retuned_done(res: Results) -> bool:
     return bool(rows) and all(len(r) == 2 and r[1].delta is not None and r[1].delta.n >= RETUNED_SEEDS for r in rows)
 
 
-def retuned_lines(res: Results) -> list[str]:
+def retuned_lines(res: Results, holm_of: Optional[dict[int, str]] = None) -> list[str]:
     """The headline with each design at its best lr (repro/sections.py, lr_grid_section), beside the same-lr delta:
-    one line per grid whose every lr of both designs has run; nothing for one that has not."""
+    one line per grid whose every lr of both designs has run; nothing for one that has not. `holm_of`: what
+    Holm's correction says of a basis row (`holm_verdicts`)."""
     out = []
     for name, comp in retuned_grids(res):
         rows = res.rows_of(comp)
@@ -144,10 +146,19 @@ def retuned_lines(res: Results) -> list[str]:
         (same, best), g = rows, comp.grid
         lrs = f"of {', '.join(g.lrs)}: {g.ours} {res.best_lr(comp, g.ours)}, {g.reference} " \
               f"{res.best_lr(comp, g.reference)}"
-        out.append(f"- {name} ({lrs}): {delta_text(best)}: **{verdict_class(best.delta, best.paper)}**; at the same "
+        out.append(f"- {name} ({lrs}): {delta_text(best)}: **{verdict_class(best.delta, best.paper)}**"
+                   f"{(holm_of or {}).get(id(best), '')}; at the same "
                    f"lr ({g.same}) {fmt(same.delta, True)}: {lead_after_retuning(g, same.delta, best.delta)}."
                    f"{grid_edge(res, comp)}")
     return out
+
+
+def holm_verdicts(c: Contrasts) -> dict[int, str]:
+    """For each basis row (by id), whether it survives Holm's correction over the page's family of basis rows."""
+    _, by_holm, _ = tests_over(c)
+    n = len(c.basis)
+    return {id(r): f"; {'survives' if keep else 'does not survive'} Holm over the {n} basis rows"
+            for r, keep in zip(c.basis, by_holm)}
 
 
 def tests_over(c: Contrasts) -> tuple[list[float], list[bool], list[bool]]:

@@ -404,3 +404,16 @@ def test_the_stopping_rule_replayed_seed_by_seed():
     assert mde_at(stat(steady[:5]).sd, 5) > target and PILOT_SEEDS == 4
     assert rule_stop(steady, target) == 6 and rule_stop(steady[:5], target) is None
     assert rule_stop(steady, 1.0) == PILOT_SEEDS  # the pilot itself meets a loose target: no seed is ever below it
+
+
+def test_a_central_row_says_whether_it_survives_holm():
+    """Holm over the page's basis rows: a strong row survives, a weak one resolved alone does not."""
+    from types import SimpleNamespace
+
+    from repro.contrasts import Contrasts
+    from repro.reading import holm_verdicts
+    strong, weak, null = (SimpleNamespace(delta=Stat(m, 0.01, 8)) for m in (-0.05, -0.009, 0.0))
+    assert strong.delta.resolved and weak.delta.resolved and not null.delta.resolved
+    said = holm_verdicts(Contrasts(basis=[strong, weak, null], sums=[]))
+    assert said[id(strong)] == "; survives Holm over the 3 basis rows"
+    assert said[id(weak)] == "; does not survive Holm over the 3 basis rows"
