@@ -97,9 +97,13 @@ class Results:
     def final(self, comp: Comparison, curve: Curve, metric: str = "val_loss") -> Optional[Stat]:
         return stat(list(self.finals(comp, curve, metric).values()))
 
-    def delta(self, comp: Comparison, curve: Curve, ref: Curve, metric: str = "val_loss") -> Optional[Stat]:
+    def paired(self, comp: Comparison, curve: Curve, ref: Curve, metric: str = "val_loss") -> list[float]:
+        """curve − ref of every seed both have finished, in seed order."""
         a, b = self.finals(comp, curve, metric), self.finals(comp, ref, metric)
-        return stat([a[s] - b[s] for s in sorted(a) if s in b])
+        return [a[s] - b[s] for s in sorted(a) if s in b]
+
+    def delta(self, comp: Comparison, curve: Curve, ref: Curve, metric: str = "val_loss") -> Optional[Stat]:
+        return stat(self.paired(comp, curve, ref, metric))
 
     @property
     def loaded(self) -> list[Run]:

@@ -19,8 +19,8 @@ from runs import Run
 from repro.sections import crossing_log, grid_edge, law_of, lead_after_retuning
 from repro.sources import all_prefix
 from repro.significance import benjamini_hochberg, holm, mde_at, p_value, seeds_for
-from repro.stats import (ALPHA, CONSISTENT, CONTRADICTS, FAR, LARGER, REPRODUCES, RULED_OUT, SMALLER, UNDECIDED, UNINFORMATIVE,
-                         VERDICTS, far, fmt, ratio, stat, verdict_class)
+from repro.stats import (ALPHA, CONSISTENT, CONTRADICTS, FAR, LARGER, REPRODUCES, RULED_OUT, SMALLER, UNDECIDED,
+                         UNINFORMATIVE, VERDICTS, far, fmt, ratio, stat, verdict_class)
 from repro.versions import V1, V2, PastPage
 
 # The paper's central claims: (what it is, comparison key, row label or its start).
@@ -100,8 +100,8 @@ def plain_reading(res: Results) -> list[str]:
         return ["No delta has two seeds yet: the proxy says nothing about the paper's claims so far.", ""]
     out = ["The paper's central claims, each one row of the tables below:", ""]
     holm_of = holm_verdicts(contrasts(rows))
-    out += [f"- {name}: {delta_text(r)}: **{verdict_class(r.delta, r.paper)}**{holm_of.get(id(r), '')}{wiki_text(r)}."
-            for name, r in central_rows(res)]
+    out += [f"- {name}: {delta_text(r)}: **{verdict_class(r.delta, r.paper)}**{holm_of.get(id(r), '')}"
+            f"{wiki_text(r)}." for name, r in central_rows(res)]
     out += retuned_lines(res, holm_of)
     out.append("")
     for head, what, classes in GROUPS:
@@ -299,16 +299,10 @@ def power_lines(res: Results) -> list[str]:
         paper = f"{r.paper:+.4f}" if r.paper is not None else "–"
         sd = f"{r.delta.sd:.4f}" if r.delta and r.delta.n >= 2 else "–"
         mde = f"{r.delta.mde:.4f}" if r.delta and r.delta.n >= 2 else "–"
-        stop = rule_stop(paired_deltas(res, r), target)
+        stop = rule_stop(res.paired(r.comparison, r.ours, r.ref), target)
         out.append(f"| {name} | {r.title} | {r.delta.n if r.delta else 0} | {sd} | {mde} | {paper} | {target:.4f} | "
                    f"{need if need is not None else '–'} | {stop if stop is not None else 'not yet'} |")
     return out + [""] + beyond_rule_lines(res, rows + best) + variance_lines(res, [r for _, r in rows])
-
-
-def paired_deltas(res: Results, r: Row) -> list[float]:
-    """A row's paired deltas, ours − reference, in seed order."""
-    a, b = res.finals(r.comparison, r.ours), res.finals(r.comparison, r.ref)
-    return [a[s] - b[s] for s in sorted(a) if s in b]
 
 
 def rule_stop(deltas: list[float], target: float) -> Optional[int]:
@@ -324,8 +318,8 @@ def rule_stop(deltas: list[float], target: float) -> Optional[int]:
 def beyond_rule_lines(res: Results, named: list[tuple[str, Row]]) -> list[str]:
     """The rows that ran more seeds than the stated rule gives, each said plainly: their n was chosen otherwise."""
     extra = []
-    for name, r in named:
-        deltas = paired_deltas(res, r)
+    for _, r in named:
+        deltas = res.paired(r.comparison, r.ours, r.ref)
         stop = rule_stop(deltas, target_mde(r))
         if stop is not None and len(deltas) > stop:
             extra.append(f"{r.title} ran {len(deltas)} where the rule stops at {stop}")

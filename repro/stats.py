@@ -98,13 +98,14 @@ FAR = 3.0  # a point estimate more than FAR times the paper's, or under 1/FAR of
 def verdict_class(delta: Optional[Stat], paper: Optional[float]) -> str:
     """What the interval says about the paper's value.
 
-    Resolved (the interval excludes 0): of the paper's sign, an interval that holds the paper's value *reproduces the
-    size* when its half-width is at most SIZE_RULE × the paper's |Δ| (narrow enough to tell the paper's size from
-    half or twice it), and is only *consistent with the paper* when wider; one that does not hold it is *right sign,
-    larger* or *smaller*; of the opposite sign it *contradicts* the paper. Unresolved: an interval that excludes the paper's value rules the
-    paper's size out here (a verdict of its own, not noise); one that holds it cannot tell when the MDE exceeds the
-    paper's |Δ| (these seeds could not have seen the paper's effect: uninformative, not a null), and is *undecided*
-    when the seeds had the power and the interval still holds both 0 and the paper's value."""
+    Resolved (the interval excludes 0): of the paper's sign, an interval that holds the paper's value *reproduces
+    the size* when its half-width is at most SIZE_RULE × the paper's |Δ| (narrow enough to tell the paper's size
+    from half or twice it), and is only *consistent with the paper* when wider; one that does not hold it is *right
+    sign, larger* or *smaller*; of the opposite sign it *contradicts* the paper. Unresolved: an interval that
+    excludes the paper's value rules the paper's size out here (a verdict of its own, not noise); one that holds it
+    cannot tell when the MDE exceeds the paper's |Δ| (these seeds could not have seen the paper's effect:
+    uninformative, not a null), and is *undecided* when the seeds had the power and the interval still holds both 0
+    and the paper's value."""
     if delta is None:
         return NO_RUNS
     if delta.n < 2:

@@ -39,7 +39,8 @@ only), its decoder layers compiled under --compile. Its step: forward to full lo
 same targets, backward, clip, torch.optim.AdamW with the config's lr, betas, eps and weight decay on every parameter
 (fused on CUDA, foreach on CPU), zero_grad.
 
-Ratios are to the first design: time (ms/step), memory (peak MiB) and on CPU the RSS. MFU is printed on GPUs whose peak is known.
+Ratios are to the first design: time (ms/step), memory (peak MiB) and on CPU the RSS. MFU is printed on GPUs
+whose peak is known.
 
 Footprint (a second table; --no-footprint skips it), after the timed rounds, per design of ours (runtime/footprint.py):
 the bytes autograd saves for backward per block (mean over blocks) and at most at once in the LM head, through

@@ -46,7 +46,8 @@ def test_table_has_every_design_its_memory_and_the_ratios(tmp_path, capsys):
     assert set(rows) == {"baseline", "unified", "hf-llama"}
     assert rows["baseline"][-3:] == ["1.000", "1.000", "1.000"]  # every ratio is to the first design
     data = json.loads(table.read_text())
-    assert data["memory"] == "tensors held + a step's peak (torch.profiler), and peak RSS growth; one process per design"
+    assert data["memory"] == ("tensors held + a step's peak (torch.profiler), and peak RSS growth; "
+                              "one process per design")
     by_name = {r["design"]: r for r in data["rows"]}
     for r in data["rows"]:  # each design measured in its own process: memory > 0, and finite ratios
         assert r["ms_per_step"] > 0 and r["peak_mem_mib"] > 0 and r["mem_ratio"] > 0, r
