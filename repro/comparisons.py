@@ -23,6 +23,7 @@ class Curve:
     suffix: str = ""  # tells apart the run directories of one figure run under different overrides or shapes
     paper_delta: Optional[float] = None  # the paper's terminal Δ to the comparison's reference (docs/paper.md §4)
     shape: Optional[Shape] = None  # the proxy shape (repro/proxy.py); None: the run's own (paper_shape)
+    horizon: float = 1.0  # × the proxy's tokens per compute parameter, by more steps (repro/proxy.py, size)
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,40 @@ def default_comparisons(lrs: tuple[float, ...]) -> list[Comparison]:
     # the comparisons above is renamed or reordered; the ×1 curves are the ladders' rungs, the same run directories.
     out.append(lr_headline("fig6-best_lr", "Fig. 6", "6", "0.12b", mean(FIG6_DELTAS.values()), DENSE))
     out.append(lr_headline("fig7-best_lr", "Fig. 7", "7", "0.5b", mean(FIG7_DELTAS.values()), MOE))
+    # The horizon (results v4): the dense headline at HORIZONS × the proxy's tokens, each with its own lr grid.
+    out += [horizon_rung(h, "6", "0.12b", mean(FIG6_DELTAS.values()), HORIZON_DENSE) for h in HORIZONS]
     return out
+
+
+# The horizon: the paper trains 100–129 tokens per compute parameter (docs/paper.md §3.1, §3.6), the proxy 10.5, and
+# the paper's curves reorder late (Fig. 1). The headline comparison runs at 1, 3 and 10 × the proxy's tokens (10.5,
+# 31.5 and 105 per compute parameter) by more steps of the same batch, on the ladder's smallest rung: d32 L4 (82k
+# compute parameters) reads 2.5 passes of the corpus at 105, where the d64 L4 headline would read 7.5 (MAX_PASSES is
+# 4). Its runs are compiled fp32: unified at d32 L4 trained 34k tokens/s compiled against 11–22k eager (one thread
+# each, side by side, 400 steps, on a 2-core Xeon; the compile costs about 45 CPU-s a run), so the 10 × run
+# takes half the time. Each horizon has its own lr grid: the best lr moves with the horizon.
+HORIZONS = (1, 3, 10)
+HORIZON_LRS = (2e-3, 4e-3, 8e-3, 1.6e-2)
+HORIZON_DENSE = DENSE_LADDER[0]
+
+
+def horizon_rung(horizon: int, figure: str, run: str, paper: float, shape: Shape,
+                 lrs: tuple[float, ...] = HORIZON_LRS) -> Comparison:
+    """unified − baseline at `shape` over an lr grid, trained `horizon` × the proxy's tokens (compiled fp32), at the
+    paper's lr and with each at its best; read against the paper's `paper` as lr_headline's rows are."""
+    base, uni = pair(figure, run, None, shape)
+    paper_lr = lr_text(load_config(FIGURES[figure].config(base.run)).optim.lr)
+    texts = tuple(lr_text(lr) for lr in sorted(lrs))
+    curves = tuple(Curve(f"{design} lr {lr}", figure, c.run, (f"optim.lr={lr}", "train.compile=true"),
+                         f"{c.suffix}-x{horizon}-lr{lr}", shape=shape, horizon=horizon)
+                   for lr in texts for design, c in (("baseline", base), ("unified", uni)))
+    note = (f"Both deltas are read against the paper's {paper:+.4f}, the mean of its sizes, as the headline rung's are. "
+            f"The runs train {horizon} × the proxy's tokens (repro/comparisons.py, HORIZONS), compiled fp32.")
+    return Comparison(f"fig{figure}-horizon_x{horizon}", f"The horizon, dense ({shape.label}) at {horizon} × the "
+                      f"proxy's tokens, unified vs baseline over an lr grid", "docs/paper.md §3.1, §3.6, §4.5", curves,
+                      kind="lr_grid", grid=LrGrid("baseline", "unified", texts, paper_lr, paper, paper,
+                                                  ("baseline", "unified", "WikiText-2 baseline", "WikiText-2 unified"),
+                                                  "unified − baseline", note))
 
 
 def fig1_grid(lrs: tuple[float, ...]) -> LrGrid:

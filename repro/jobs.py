@@ -33,12 +33,13 @@ def jobs(fig: Figure, scale: str, seeds: int, out_dir: str, overrides: list[str]
 
 
 def make_job(fig: Figure, run: str, scale: str, seed: int, seeds: int, out_dir: str, overrides: list[str] = (),
-             suffix: str = "", shape: Optional[Shape] = None) -> Job:
+             suffix: str = "", shape: Optional[Shape] = None, horizon: float = 1.0) -> Job:
     """One (run, seed) of a figure. At paper scale a run that is the same experiment as an earlier figure's trains
     as that one, in its run directory (repro/paper.py: Fig. 5's baseline is fig1-baseline). At --scale tiny the run
     becomes its CPU proxy (repro/proxy.py) at `shape` (default: the run's own proxy shape). `overrides` come last
     (they win over the proxy's sizes); `suffix` tells apart the run directories of a run changed by them or by
-    `shape` (repro/comparisons.py: "-lr2e-3", "-d32L4")."""
+    `shape` (repro/comparisons.py: "-lr2e-3", "-d32L4"); `horizon` multiplies the proxy's tokens (repro/proxy.py,
+    `size`)."""
     home = fig.config(run)
     if scale == "paper":
         number, first = canonical(fig.number, run, tuple(overrides))
@@ -52,7 +53,7 @@ def make_job(fig: Figure, run: str, scale: str, seed: int, seeds: int, out_dir: 
         reference = next(p.curves[0] for p in fig.panels if run in p.curves)
         factor = cfg.train.steps / load_config(fig.config(reference)).train.steps
         argv += ["--config", str(PROXY)]
-        extra += [*run_overrides(path, cfg, shape, factor, tuple(overrides)), f"log.wandb.group=fig{fig.number}-tiny"]
+        extra += [*run_overrides(path, cfg, shape, factor, tuple(overrides), horizon), f"log.wandb.group=fig{fig.number}-tiny"]
     if seeds > 1:
         extra.append(f"train.seed={seed}")
     return Job(run, seed, name, argv + extra + list(overrides))

@@ -221,26 +221,28 @@ def corpus_composition(cfg: RunConfig):
         return Composition.from_dict(BUILTIN_BPE1024_SOURCES) if _is_proxy_corpus(cfg) else None
 
 
-def size(figure_config: Path, shape: Shape, overrides: tuple[str, ...] = ()) -> Sizing:
+def size(figure_config: Path, shape: Shape, overrides: tuple[str, ...] = (), horizon: float = 1.0) -> Sizing:
     """Steps and batch for `shape`: N from the baseline strategy at that shape (a figure run's own config with
     configs/scale/baseline.yaml and the default FFN width over it), TOKENS_PER_PARAM × N tokens in ≥ MIN_STEPS steps of as many rows of
-    SEQ_LEN as that allows (at least one)."""
+    SEQ_LEN as that allows (at least one). `horizon` multiplies the tokens by training more steps of the same batch
+    (warmup, evaluations and checkpoints keep their share of the steps): a longer run of the same experiment, not a
+    larger batch, which would change the number of updates and the lr that suits them."""
     base = load_config([figure_config, PROXY, Path("configs/scale/baseline.yaml")],
                        [*shape.overrides(), "model.d_ffn=null", *overrides])  # the default FFN (Fig. 10's + 8 aside)
     n = compute_params(base)
     target = TOKENS_PER_PARAM * n
     rows = max(1, math.floor(target / (MIN_STEPS * SEQ_LEN)))
-    steps = math.ceil(target / (rows * SEQ_LEN))
+    steps = math.ceil(horizon * target / (rows * SEQ_LEN))
     return Sizing(shape, n, rows, steps, max(1, round(WARMUP_FRAC * steps)), corpus_tokens(base))
 
 
 def run_overrides(figure_config: Path, cfg: RunConfig, shape: Optional[Shape] = None, steps_factor: float = 1.0,
-                  overrides: tuple[str, ...] = ()) -> tuple[str, ...]:
+                  overrides: tuple[str, ...] = (), horizon: float = 1.0) -> tuple[str, ...]:
     """The key=value overrides that make the paper run `cfg` (from `figure_config`) its proxy at `shape` (default
-    `paper_shape`). `steps_factor` keeps a run's length relative to its panel's reference (Fig. 1's 1.4× run trains
+    `paper_shape`), `horizon` times the tokens (`size`). `steps_factor` keeps a run's length relative to its panel's reference (Fig. 1's 1.4× run trains
     1.4× the reference's steps); a d_ffn the run sets keeps its offset from int(8d/3) (Fig. 10's Llama-large: + 8)."""
     shape = shape or paper_shape(cfg)
-    sizing = size(figure_config, shape, overrides)
+    sizing = size(figure_config, shape, overrides, horizon)
     out = [f"train.steps={round(sizing.steps * steps_factor)}" if o.startswith("train.steps=") else o
            for o in sizing.overrides()]
     if cfg.model.d_ffn is not None:
