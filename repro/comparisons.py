@@ -24,6 +24,7 @@ class Curve:
     paper_delta: Optional[float] = None  # the paper's terminal Δ to the comparison's reference (docs/paper.md §4)
     shape: Optional[Shape] = None  # the proxy shape (repro/proxy.py); None: the run's own (paper_shape)
     horizon: float = 1.0  # × the proxy's tokens per compute parameter, by more steps (repro/proxy.py, size)
+    defaults: tuple[str, ...] = ()  # under the plan's overrides, which may change them (an eager miniature)
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class Comparison:
     paper_sizes: tuple[tuple[str, float], ...] = ()  # a ladder: the paper's Δ per model size
     paper_multiplier: Optional[float] = None  # a ladder: the paper's equal-loss compute multiplier
     grid: Optional[LrGrid] = None  # an lr_grid: its designs, lrs and the paper's two deltas
+    horizon: Optional[int] = None  # a horizon rung: × the proxy's tokens (HORIZONS); its family is `figure`
 
     @property
     def rungs(self) -> list[tuple[Curve, Curve]]:
@@ -153,16 +155,16 @@ def horizon_rung(horizon: int, figure: str, run: str, paper: float, shape: Shape
     base, uni = pair(figure, run, None, shape)
     paper_lr = lr_text(load_config(FIGURES[figure].config(base.run)).optim.lr)
     texts = tuple(lr_text(lr) for lr in sorted(lrs))
-    curves = tuple(Curve(f"{design} lr {lr}", figure, c.run, (f"optim.lr={lr}", "train.compile=true"),
-                         f"{c.suffix}-x{horizon}-lr{lr}", shape=shape, horizon=horizon)
+    curves = tuple(Curve(f"{design} lr {lr}", figure, c.run, (f"optim.lr={lr}",), f"{c.suffix}-x{horizon}-lr{lr}",
+                         shape=shape, horizon=horizon, defaults=("train.compile=true",))
                    for lr in texts for design, c in (("baseline", base), ("unified", uni)))
     note = (f"Both deltas are read against the paper's {paper:+.4f}, the mean of its sizes, as the headline rung's are. "
             f"The runs train {horizon} × the proxy's tokens (repro/comparisons.py, HORIZONS), compiled fp32.")
-    return Comparison(f"fig{figure}-horizon_x{horizon}", f"The horizon, dense ({shape.label}) at {horizon} × the "
+    return Comparison(f"fig{figure}-horizon_x{horizon}", f"The horizon, {'MoE' if shape.n_experts else 'dense'} ({shape.label}) at {horizon} × the "
                       f"proxy's tokens, unified vs baseline over an lr grid", "docs/paper.md §3.1, §3.6, §4.5", curves,
                       kind="lr_grid", grid=LrGrid("baseline", "unified", texts, paper_lr, paper, paper,
                                                   ("baseline", "unified", "WikiText-2 baseline", "WikiText-2 unified"),
-                                                  "unified − baseline", note))
+                                                  "unified − baseline", note), horizon=horizon)
 
 
 def fig1_grid(lrs: tuple[float, ...]) -> LrGrid:

@@ -19,7 +19,7 @@ from repro.figures import FIGURES
 from repro.measure import Results
 from repro.reading import CENTRAL, MDE_FLOOR, count_section, plain_reading, retuned_done, short_of_power
 from runs import Run
-from repro.sections import ladder_section, lr_grid_section, panel_section
+from repro.sections import horizon_families, horizon_section, ladder_section, lr_grid_section, panel_section
 from repro.sources import all_prefix, composition_lines, eval_read, source_table
 
 class Sizes:
@@ -147,6 +147,7 @@ def write_page(plan: Plan, where: dict, page: Path, cpu: dict[str, float], wiki:
         "## The count",
         "",
         *count_section(res, orderings),
+        *(["## The horizon", "", *horizon_why(), "", *horizon_section(res, img_dir)] if horizon_families(res) else []),
         "## The comparisons",
         "",
         *body,
@@ -252,4 +253,19 @@ def proxy_why() -> list[str]:
         "decay are kept; only Fig. 1's grid retunes the lr. Fig. 6's ladder is "
         + ", ".join(s.label for s in proxy.DENSE_LADDER) + "; Fig. 7's is "
         + ", ".join(s.label for s in proxy.MOE_LADDER) + ", each rung at the same tokens per parameter.",
+    ]
+
+
+def horizon_why() -> list[str]:
+    from repro.comparisons import HORIZONS
+    return [
+        "The paper trains 100–129 tokens per compute parameter (docs/paper.md §3.1, §3.6), the proxy 10.5, and the "
+        "paper's own curves reorder late. The horizon rungs train the headline comparison at "
+        + ", ".join(f"{h}" for h in HORIZONS) + " × the proxy's tokens, by more steps of the same batch (the warmup, "
+        "evaluations and checkpoints keep their share of the steps), each horizon with its own lr grid. They run on "
+        "the dense ladder's smallest rung, which reads the corpus 2.5 times at the longest horizon (the headline "
+        "rung would read it 7.5 times), compiled fp32 (repro/comparisons.py, HORIZONS, says why). A verdict *holds* "
+        "when the longest horizon's delta is resolved with the shortest's sign and the two differ by less than "
+        "Welch's 95 % interval; it *grows* or *shrinks* when they differ by more, *fades* when the longest is "
+        "unresolved and *reverses* when it is resolved with the other sign.",
     ]

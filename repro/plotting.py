@@ -102,14 +102,19 @@ def plot_law(points: dict[str, list[tuple[float, float]]], fits: dict, title: st
         fit = fits[name]
         line = ax.plot([c for c, _ in pts], [L for _, L in pts], "o", label=f"{name}: {fit.a:.4f}·C^{fit.b:.4f}")[0]
         ax.plot(grid, [fit.loss(c) for c in grid], "--", color=line.get_color(), alpha=0.7)
-    ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("compute C (PFLOP/s-days)")
-    ax.set_ylabel("validation loss")
+    _log_x(ax, "compute C (PFLOP/s-days)", "validation loss", title)
+    _save(fig, plt, out)
+
+
+def _log_x(ax, xlabel: str, ylabel: str, title: str) -> None:
+    """A small plot's axes: log x, labels, title, a grid at every decade's ticks, the legend."""
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    _save(fig, plt, out)
 
 
 # ----------------------------------------------------------------------------------------- the results page
@@ -161,3 +166,26 @@ def _save(fig, plt, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
     plt.close(fig)
+
+
+def plot_horizon(series: dict[str, list[tuple[float, object]]], paper, title: str, out: Path) -> Path:
+    """Deltas against tokens per compute parameter (log x): each series' means with their 95 % t-intervals as
+    error bars and a band between them, the zero line, and the paper's Δ dashed where given."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for i, (label, points) in enumerate(series.items()):
+        pts = sorted((x, s) for x, s in points if s is not None)
+        if not pts:
+            continue
+        xs = [x * (1.03 if i else 1.0) for x, _ in pts]  # the second series a little to the right, readable
+        means = [s.mean for _, s in pts]
+        err = [[s.mean - s.lo if s.n >= 2 else 0.0 for _, s in pts], [s.hi - s.mean if s.n >= 2 else 0.0 for _, s in pts]]
+        line = ax.errorbar(xs, means, yerr=err, marker="o", capsize=3, label=label)[0]
+        if len(pts) > 1 and all(s.n >= 2 for _, s in pts):
+            ax.fill_between(xs, [s.lo for _, s in pts], [s.hi for _, s in pts], color=line.get_color(), alpha=0.15)
+    ax.axhline(0.0, color="gray", lw=0.8)
+    if paper is not None:
+        ax.axhline(paper, color="black", ls="--", lw=0.8, label=f"the paper's Δ ({paper:+.4f})")
+    _log_x(ax, "tokens per compute parameter", "Δ final val loss (95 % CI over seeds)", title)
+    _save(fig, plt, out)
+    return out

@@ -51,7 +51,8 @@ def plan_runs(plan: Plan, out_dir: str) -> tuple[list[Unique], dict[tuple[str, i
         for comp in plan.comparisons:
             for curve in comp.curves:
                 job = make_job(FIGURES[curve.figure], curve.run, "tiny", seed, plan.seeds, out_dir,
-                               [*plan.overrides, *curve.overrides], curve.suffix, curve.shape, curve.horizon)
+                               [*curve.defaults, *plan.overrides, *curve.overrides], curve.suffix, curve.shape,
+                               curve.horizon)
                 key = experiment_key(config_of(job.argv))
                 unique = by_key.setdefault(key, Unique(job, key))
                 where[(f"{comp.key}/{curve.label}", seed)] = Path(out_dir) / unique.job.run_name

@@ -14,10 +14,10 @@ from repro.comparisons import Comparison, Curve, LrGrid
 from repro.laws import (LadderLaw, Rung, ladder_law, pflops_days, ratio_text, times, times_interval,
                         times_text)
 from repro.measure import CurvePanel, Results, Row, lr_curve
-from repro.plotting import draw_deltas, plot_law
+from repro.plotting import draw_deltas, plot_horizon, plot_law
 from repro.proxy import compute_params
-from repro.stats import (APPEARS, FADES, NO_LEAD, REVERSES, SURVIVES, TOO_FEW, Stat, fmt, ratio,
-                         retuned)
+from repro.stats import (APPEARS, FADES, GROWS, H_APPEARS, H_FADES, H_NONE, H_REVERSES, HOLDS, NO_LEAD, REVERSES,
+                         SHRINKS, SURVIVES, TOO_FEW, Stat, fmt, over_horizon, ratio, retuned, verdict_class, welch)
 
 DAGGER = "†"
 DELTA_HEAD = "Δ val [95 % CI] | paper Δ | ours/paper | MDE | Δ WikiText-2 [95 % CI] | verdict"
@@ -321,3 +321,93 @@ def law_lines(law: LadderLaw, paper: Optional[float]) -> list[str]:
 def crossing_log(law: LadderLaw) -> float:
     """log of the seed-mean laws' crossing over the largest rung's compute."""
     return math.log(law.crossing) - math.log(max(law.compute))
+
+
+# ------------------------------------------------------------------------------------------------- the horizon
+
+@dataclass(frozen=True)
+class HorizonPoint:
+    """One horizon rung as the page reads it: its tokens per compute parameter (the baseline's runs), its same-lr
+    row and its row with each design at its best lr (None until every lr of both designs has a seed)."""
+    comp: Comparison
+    tokens_per_param: float
+    same: Row
+    best: Optional[Row]
+
+
+def horizon_families(res: Results) -> dict[str, list[Comparison]]:
+    """The plan's horizon rungs by family ("fig6-horizon"), shortest first."""
+    out: dict[str, list[Comparison]] = {}
+    for comp in res.plan.comparisons:
+        if comp.horizon is not None:
+            out.setdefault(comp.key.rsplit("_x", 1)[0], []).append(comp)
+    return {k: sorted(v, key=lambda c: c.horizon) for k, v in out.items()}
+
+
+def horizon_points(res: Results, comps: list[Comparison]) -> list[HorizonPoint]:
+    """The rungs of a family that have rows (every curve run), shortest first."""
+    out = []
+    for comp in comps:
+        rows = res.rows_of(comp)
+        if not rows:
+            continue
+        base = next(iter(res.runs_of(comp, rows[0].ref).values()))
+        out.append(HorizonPoint(comp, base.final_tokens / compute_params(base.cfg), rows[0],
+                                rows[1] if len(rows) == 2 else None))
+    return out
+
+
+HORIZON_WORDS = {HOLDS: "holds", GROWS: "grows", SHRINKS: "shrinks (still resolved)", H_FADES: "fades",
+                 H_REVERSES: "reverses", H_APPEARS: "appears only at the longer horizon",
+                 H_NONE: "is resolved at neither horizon", TOO_FEW: "cannot be read (too few seeds)"}
+
+
+def horizon_trend(points: list[HorizonPoint]) -> Optional[str]:
+    """In words: what the longest horizon does to the shortest's best-vs-best delta (repro/stats.py,
+    over_horizon), with both deltas and their Welch difference; None with fewer than two rungs read."""
+    pts = [p for p in points if p.best is not None and p.best.delta is not None]
+    if len(pts) < 2:
+        return None
+    a, b = pts[0].best.delta, pts[-1].best.delta
+    v = over_horizon(a, b)
+    d = welch(a, b) if a.n >= 2 and b.n >= 2 else None
+    diff = f"; the change {d.mean:+.4f} ± {d.half:.4f} (Welch, 95 %)" if d else ""
+    return (f"From {pts[0].tokens_per_param:.3g} to {pts[-1].tokens_per_param:.3g} tokens per compute parameter, "
+            f"each design at its best lr, unified − baseline goes from {fmt(a, True)} to {fmt(b, True)}{diff}: "
+            f"**the verdict {HORIZON_WORDS[v]}**.")
+
+
+def horizon_section(res: Results, img_dir: Path) -> list[str]:
+    """Each horizon family: unified − baseline at every horizon (same lr and each at its best), its verdict, the
+    WikiText-2 delta, the trend in words and the plot of Δ against tokens per compute parameter."""
+    out = []
+    for key, comps in horizon_families(res).items():
+        name = comps[0].title.split(" at ")[0]
+        out += [f"### {name}: unified − baseline against tokens per compute parameter", ""]
+        points = horizon_points(res, comps)
+        out += ["| × the proxy's tokens | tokens per compute parameter | seeds | best lr (baseline, unified) | "
+                "each at its best lr [95 % CI] | verdict | same lr [95 % CI] | WikiText-2, each at its best |",
+                "|---" * 8 + "|"]
+        for p in points:
+            g, best = p.comp.grid, p.best
+            lrs = (f"{res.best_lr(p.comp, g.reference)}, {res.best_lr(p.comp, g.ours)}" if best else "–")
+            out.append(f"| {p.comp.horizon} | {p.tokens_per_param:.1f} | {best.delta.n if best else p.same.delta.n} | "
+                       f"{lrs} | {fmt(best.delta, True) if best else '–'} | "
+                       f"{verdict_class(best.delta, best.paper) if best else '–'} | {fmt(p.same.delta, True)} | "
+                       f"{fmt(best.wiki, True) if best else '–'} |")
+        waiting = [c for c in comps if not res.rows_of(c)]
+        out.append("")
+        if waiting:
+            out += ["Not run yet: " + "; ".join(f"{c.horizon} × ({len(res.missing(c))} of {len(c.curves)} curves "
+                                                "without a finished run)" for c in waiting)
+                    + f". `python -m repro.results --only {' '.join(c.key for c in waiting)}` trains them.", ""]
+        trend = horizon_trend(points)
+        if trend:
+            out += [trend, ""]
+        if points:
+            paper = points[0].same.paper
+            series = {"each at its best lr": [(p.tokens_per_param, p.best.delta) for p in points if p.best],
+                      f"same lr ({comps[0].grid.same})": [(p.tokens_per_param, p.same.delta) for p in points]}
+            plot_horizon(series, paper, f"{name}: unified − baseline", img_dir / f"{key}.png")
+            out += [f"![{name}](img/{img_dir.name}/{key}.png)", ""]
+    return out

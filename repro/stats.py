@@ -164,6 +164,54 @@ def retuned(same: Optional[Stat], best: Optional[Stat]) -> str:
     return APPEARS if best.resolved else NO_LEAD
 
 
+@dataclass(frozen=True)
+class Difference:
+    """b − a of two means from different runs (two horizons' deltas): Welch's 95 % interval, its degrees of freedom
+    from Welch–Satterthwaite (rounded down, so the interval errs wide)."""
+    mean: float
+    half: float
+
+    @property
+    def resolved(self) -> bool:
+        return abs(self.mean) > self.half
+
+
+def welch(a: Stat, b: Stat) -> Optional[Difference]:
+    """b.mean − a.mean with Welch's interval; None unless both have two or more values."""
+    if a.n < 2 or b.n < 2:
+        return None
+    va, vb = a.sd ** 2 / a.n, b.sd ** 2 / b.n
+    if va + vb == 0:
+        return Difference(b.mean - a.mean, 0.0)
+    df = (va + vb) ** 2 / (va ** 2 / (a.n - 1) + vb ** 2 / (b.n - 1))
+    return Difference(b.mean - a.mean, t975(max(1, math.floor(df))) * math.sqrt(va + vb))
+
+
+# What a longer horizon does to a delta (results v4), from the shortest horizon's delta to the longest's.
+HOLDS, GROWS, SHRINKS, H_FADES, H_REVERSES, H_APPEARS, H_NONE = (
+    "holds", "grows", "shrinks", "fades", "reverses", "appears", "no lead at either horizon")
+
+
+def over_horizon(short: Optional[Stat], long: Optional[Stat]) -> str:
+    """A resolved delta at the shortest horizon *holds* at the longest when it is resolved there with its sign and
+    the two differ by less than Welch's interval, *grows* or *shrinks* when they differ by more (a larger or a
+    smaller |Δ|), *fades* when it is unresolved at the longest and *reverses* when it is resolved with the other
+    sign; an unresolved delta at the shortest *appears* when the longest is resolved. TOO_FEW without two seeds at
+    both."""
+    if short is None or long is None or short.n < 2 or long.n < 2:
+        return TOO_FEW
+    if not short.resolved:
+        return H_APPEARS if long.resolved else H_NONE
+    if not long.resolved:
+        return H_FADES
+    if (short.mean > 0) != (long.mean > 0):
+        return H_REVERSES
+    d = welch(short, long)
+    if not d.resolved:
+        return HOLDS
+    return GROWS if abs(long.mean) > abs(short.mean) else SHRINKS
+
+
 def far(delta: Optional[Stat], paper: Optional[float]) -> bool:
     """The point estimate is of the opposite sign, or more than FAR times or under 1/FAR of the paper's."""
     r = ratio(delta, paper)

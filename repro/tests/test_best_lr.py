@@ -34,7 +34,9 @@ def test_the_headline_grids_and_their_x1_runs_are_the_rungs():
     seeds = 2
     plan = Plan(seeds)
     uniques, where = plan_runs(plan, "runs/x")
-    assert [c.key for c in plan.comparisons[-2:]] == ["fig6-best_lr", "fig7-best_lr"]  # last: no run renamed
+    # after the others, so no run is renamed; only the horizon rungs come after them
+    assert [c.key for c in plan.comparisons[-5:]] == ["fig6-best_lr", "fig7-best_lr", "fig6-horizon_x1",
+                                                      "fig6-horizon_x3", "fig6-horizon_x10"]
     by_name = {u.job.run_name: u for u in uniques}
     for key, ladder, shape, figure, run in HEADLINES:
         comp = comparison(plan, key)
@@ -71,7 +73,8 @@ def test_only_selects_the_new_runs_of_item_5(capsys):
     picked = select_runs(uniques, where, only)
     assert len(picked) == 8 * 4
     assert sum(u.job.run_name.startswith("fig1-baseline-tiny-lr") for u in picked) == 2 * 4
-    assert len(uniques) == 42 * 4  # the plan grows by 6 runs per seed: dense unified ×½ ×2, MoE's four
+    # the headline grids add 6 runs per seed (dense unified ×½ ×2, MoE's four), the horizon rungs 24
+    assert len(uniques) == (42 + 24) * 4
     assert results.main(["--dry-run", "--out-dir", "runs/x", "--only", *only]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 32
 

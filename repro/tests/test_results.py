@@ -21,10 +21,12 @@ from repro import results
 SEEDS = 2
 # 11 Fig. 5 runs; Fig. 1's grid at 2 lrs less its baseline at 4e-3 (Fig. 5's); Fig. 6's ladder less its d64 L4
 # rung (Fig. 5's baseline and hg_dnp_or_iwd); Figs. 8 and 9, dense and MoE; Fig. 7's 3 rungs; the headline lr grids
-# less their ×1 runs (the rungs'): dense less its baseline at 8e-3 (Fig. 1's), MoE at ×½ and ×2: per seed.
-EXPERIMENTS = 11 + 3 + 6 + 4 + 4 + 6 + 3 + 4
-# Fig. 5's deltas, Fig. 1's two, Fig. 6's rungs, Figs. 8 and 9, Fig. 7's rungs, the headline grids' two each
-ROWS = 12 + 2 + 4 + 4 + 3 + 4
+# less their ×1 runs (the rungs'): dense less its baseline at 8e-3 (Fig. 1's), MoE at ×½ and ×2; the horizon rungs'
+# grid of 4 lrs, one experiment for every horizon here (2 steps each) less its 4e-3 pair (the d32 L4 rung's): per seed.
+EXPERIMENTS = 11 + 3 + 6 + 4 + 4 + 6 + 3 + 4 + 6
+# Fig. 5's deltas, Fig. 1's two, Fig. 6's rungs, Figs. 8 and 9, Fig. 7's rungs, the headline grids' and the horizon
+# rungs' two each
+ROWS = 12 + 2 + 4 + 4 + 3 + 4 + 6
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +136,7 @@ def test_page_numbers_come_from_the_runs(miniature):
     images = re.findall(r"\]\((img/results/[^)]+)\)", text)
     for image in images:
         assert (page.parent / image).stat().st_size > 1000
-    assert len(images) == 15  # 13 comparisons + 2 scaling laws
+    assert len(images) == 19  # 16 comparisons + 2 scaling laws + the horizon
 
 
 def test_page_reads_first_and_counts_over_independent_rows(miniature):
@@ -397,7 +399,7 @@ def test_every_planned_run_is_sized_by_the_proxy_rules():
     from repro.experiments import config_of
     from repro.runner import plan_runs
     uniques, _ = plan_runs(Plan(4), "runs/results")
-    assert len(uniques) == 42 * 4
+    assert len(uniques) == (42 + 3 * 8) * 4  # the horizon rungs: 4 lrs of 2 designs at each horizon
     ratios = {}
     for u in uniques:
         cfg = config_of(u.job.argv)
@@ -408,7 +410,8 @@ def test_every_planned_run_is_sized_by_the_proxy_rules():
         assert tokens <= proxy.MAX_PASSES * proxy.BUILTIN_BPE1024_TRAIN_TOKENS, u.job.run_name
         ratios[u.job.run_name] = tokens / n
     for ladder, runs in (("fig6", proxy.DENSE_LADDER), ("fig7", proxy.MOE_LADDER)):
-        base = [r for name, r in ratios.items() if name.startswith(f"{ladder}-") and "baseline" in name]
+        base = [r for name, r in ratios.items() if name.startswith(f"{ladder}-") and "baseline" in name
+                and "-x" not in name]  # the horizon rungs train 1, 3 and 10 × the ratio (repro/tests/test_horizon.py)
         assert base and max(base) - min(base) < 0.05  # one ratio (10.5, to the rounding of the steps)
     sizes = [proxy.size(Path("configs/figures/fig6/0.12b_baseline.yaml"), s) for s in proxy.DENSE_LADDER]
     assert (sizes[-1].compute_params * sizes[-1].tokens) / (sizes[0].compute_params * sizes[0].tokens) >= 8

@@ -1,0 +1,115 @@
+"""The horizon (results v4, repro/comparisons.py HORIZONS): the dense headline at 1, 3 and 10 × the proxy's tokens,
+trained by more steps of the same batch; what a longer horizon does to a delta (repro/stats.py over_horizon), and the
+page's horizon section on synthetic runs."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from config import load_config
+from repro import proxy
+from repro.comparisons import HORIZON_DENSE, HORIZON_LRS, HORIZONS, Plan, horizon_rung, lr_text
+from repro.experiments import config_of
+from repro.measure import Results
+from repro.runner import plan_runs
+from repro.sections import horizon_section
+from repro.stats import (GROWS, H_APPEARS, H_FADES, H_NONE, H_REVERSES, HOLDS, SHRINKS, TOO_FEW, Stat, over_horizon,
+                         t975, welch)
+
+
+def test_a_horizon_trains_more_steps_of_the_same_batch():
+    """Each horizon rung keeps the ×1 batch and multiplies the steps (warmup, evaluations and checkpoints keep their
+    share); the longest reaches ≥ 100 tokens per compute parameter within the corpus's pass limit; the runs compile
+    by default, and the plan's own overrides (a user's `-- train.compile=false`) win over that."""
+    plan = Plan(1)
+    uniques, where = plan_runs(plan, "runs/x")
+    by_name = {u.job.run_name: u for u in uniques}
+    cfgs = {}
+    for h in HORIZONS:
+        d = where[(f"fig6-horizon_x{h}/unified lr 4e-3", 0)]
+        cfgs[h] = cfg = config_of(by_name[d.name].job.argv)
+        assert (cfg.model.d_model, cfg.model.n_layers) == (HORIZON_DENSE.d_model, HORIZON_DENSE.n_layers)
+        assert cfg.train.compile is True and cfg.optim.lr == 4e-3
+        assert cfg.schedule.warmup_steps == round(proxy.WARMUP_FRAC * cfg.train.steps)
+        assert cfg.train.eval_every == cfg.train.steps // proxy.EVALS
+    one, ten = cfgs[1], cfgs[10]
+    assert one.train.global_batch == ten.train.global_batch and one.train.steps >= proxy.MIN_STEPS
+    assert ten.train.steps == math.ceil(10 * proxy.TOKENS_PER_PARAM * proxy.compute_params(
+        load_config([Path("configs/figures/fig6/0.12b_baseline.yaml"), proxy.PROXY],
+                    HORIZON_DENSE.overrides())) / (one.train.global_batch * proxy.SEQ_LEN))
+    base = config_of(by_name[where[("fig6-horizon_x10/baseline lr 4e-3", 0)].name].job.argv)
+    tokens = base.train.steps * base.train.global_batch * base.data.seq_len
+    assert tokens / proxy.compute_params(base) >= 100
+    assert tokens <= proxy.MAX_PASSES * proxy.BUILTIN_BPE1024_TRAIN_TOKENS
+    eager = Plan(1, overrides=("train.compile=false",))
+    uniques, where = plan_runs(eager, "runs/x")
+    run = where[("fig6-horizon_x10/baseline lr 4e-3", 0)].name
+    assert config_of(next(u for u in uniques if u.job.run_name == run).job.argv).train.compile is False
+
+
+def test_what_a_longer_horizon_does_to_a_delta():
+    lead = Stat(-0.04, 0.01, 8)  # resolved, unified ahead
+    assert over_horizon(lead, Stat(-0.045, 0.01, 8)) == HOLDS
+    assert over_horizon(lead, Stat(-0.08, 0.01, 8)) == GROWS
+    assert over_horizon(lead, Stat(-0.015, 0.01, 8)) == SHRINKS
+    assert over_horizon(lead, Stat(-0.005, 0.02, 8)) == H_FADES
+    assert over_horizon(lead, Stat(+0.03, 0.01, 8)) == H_REVERSES
+    assert over_horizon(Stat(-0.01, 0.05, 4), lead) == H_APPEARS
+    assert over_horizon(Stat(-0.01, 0.05, 4), Stat(0.0, 0.05, 4)) == H_NONE
+    assert over_horizon(lead, Stat(-0.05, 0.0, 1)) == TOO_FEW and over_horizon(None, lead) == TOO_FEW
+    # Welch by hand: variances of the means 0.01²/4 and 0.02²/9, Welch–Satterthwaite's df rounded down
+    a, b = Stat(-0.04, 0.01, 4), Stat(-0.01, 0.02, 9)
+    va, vb = 0.01 ** 2 / 4, 0.02 ** 2 / 9
+    df = (va + vb) ** 2 / (va ** 2 / 3 + vb ** 2 / 8)
+    d = welch(a, b)
+    assert d.mean == pytest.approx(0.03) and d.half == pytest.approx(t975(math.floor(df)) * math.sqrt(va + vb))
+
+
+def fake_run(path: Path, final: float, tokens: int) -> None:
+    """A finished run directory of the tiny config: two evaluations ending at `final` after `tokens` tokens."""
+    path.mkdir(parents=True)
+    cfg = load_config("configs/tiny_cpu.yaml", ["train.steps=10", "schedule.warmup_steps=1"])
+    (path / "config.yaml").write_text(cfg.to_yaml())
+    recs = [{"kind": "eval", "step": 0, "tokens": 0, "val_loss": 9.0, "val_loss/wiki": 9.0},
+            {"kind": "eval", "step": 10, "tokens": tokens, "val_loss": final, "val_loss/wiki": final + 1},
+            {"kind": "train", "step": 10, "tokens": tokens, "epoch": 0.5, "loss": final}]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+
+def test_the_horizon_section_reads_each_rung(tmp_path):
+    """Two horizons over a 2-lr grid, 3 seeds: unified leads by 0.04 at ×1 (both best at 4e-3) and by 0.01 at ×10
+    (both best at 2e-3); the table gives each rung's tokens per compute parameter, best lrs, both deltas and the
+    verdict; the sentence says the lead shrinks, with Welch's interval; ×3 has no runs and says how to train it."""
+    lrs = (2e-3, 4e-3)
+    comps = [horizon_rung(h, "6", "0.12b", -0.0302, HORIZON_DENSE, lrs) for h in HORIZONS]
+    plan = Plan(3, comparisons=comps)
+    noise = (0.0, 0.002, -0.002)
+    finals = {1: {"baseline lr 2e-3": 3.2, "unified lr 2e-3": 3.18, "baseline lr 4e-3": 3.1, "unified lr 4e-3": 3.06},
+              10: {"baseline lr 2e-3": 2.5, "unified lr 2e-3": 2.49, "baseline lr 4e-3": 2.6, "unified lr 4e-3": 2.58}}
+    n = proxy.compute_params(load_config("configs/tiny_cpu.yaml"))
+    where = {}
+    for comp in comps:
+        for c in comp.curves:
+            for s in range(3):
+                d = tmp_path / f"{comp.key}-{c.label.replace(' ', '_')}-s{s}"
+                where[(f"{comp.key}/{c.label}", s)] = d
+                if comp.horizon in finals:  # unified's noise differs from the baseline's: the deltas have a spread
+                    fake_run(d, finals[comp.horizon][c.label] + noise[s] * (2 if "unified" in c.label else 1),
+                             round(10.5 * comp.horizon * n))
+    res = Results(plan, where, "wiki")
+    text = "\n".join(horizon_section(res, tmp_path / "img"))
+    assert "| 1 | 10.5 | 3 | 4e-3, 4e-3 | -0.0400 [" in text and "| 10 | 105.0 | 3 | 2e-3, 2e-3 | -0.0100 [" in text
+    assert "Not run yet: 3 × (8 of 8 curves without a finished run)" not in text  # the grid here has 2 lrs
+    assert "Not run yet: 3 × (4 of 4 curves without a finished run). `python -m repro.results --only " \
+           "fig6-horizon_x3` trains them." in text
+    a, b = res.rows_of(comps[0])[1].delta, res.rows_of(comps[2])[1].delta
+    d = welch(a, b)
+    assert over_horizon(a, b) == SHRINKS
+    assert (f"From 10.5 to 105 tokens per compute parameter, each design at its best lr, unified − baseline goes from "
+            f"-0.0400 [{a.lo:+.4f}, {a.hi:+.4f}] to -0.0100 [{b.lo:+.4f}, {b.hi:+.4f}]; the change {d.mean:+.4f} ± "
+            f"{d.half:.4f} (Welch, 95 %): **the verdict shrinks (still resolved)**.") in text
+    assert (tmp_path / "img" / "fig6-horizon.png").stat().st_size > 1000
+    assert [lr_text(x) for x in HORIZON_LRS] == ["2e-3", "4e-3", "8e-3", "1.6e-2"]
