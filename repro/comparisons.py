@@ -75,13 +75,14 @@ FIG1_SAME_LR, FIG1_BEST_LR = +0.0285, +0.0149  # docs/paper.md §4.1: without �
 FIG8_DELTA, FIG8_MOE_DELTA = -0.0156, -0.0188  # docs/paper.md §4.7: Dense-0.12B, MoE-0.5B, unified − baseline
 FIG9_DELTA, FIG9_MOE_DELTA = -0.0269, -0.0186  # docs/paper.md §4.8
 LR_FACTORS = (0.5, 1.0, 2.0)  # the headline at ×½, ×1 and ×2 of the paper's lr
+MOE_LR_FACTORS = (0.5, 1.0, 2.0, 4.0)  # the MoE's: both designs were best at ×2, the edge (results v3)
 
 
 @dataclass
 class Plan:
     """What the page needs, in the order the runs go."""
     seeds: int
-    lrs: tuple[float, ...] = (2e-3, 4e-3, 8e-3)
+    lrs: tuple[float, ...] = (2e-3, 4e-3, 8e-3, 1.6e-2)  # Fig. 1's grid (repro.results --lrs)
     overrides: tuple[str, ...] = ()  # for every run, under each curve's own (an lr of the grid)
     comparisons: list[Comparison] = field(default_factory=list)
 
@@ -130,9 +131,11 @@ def default_comparisons(lrs: tuple[float, ...]) -> list[Comparison]:
     # The headline rungs over ×½, ×1, ×2 of the paper's lr, appended so that no run directory of
     # the comparisons above is renamed or reordered; the ×1 curves are the ladders' rungs, the same run directories.
     out.append(lr_headline("fig6-best_lr", "Fig. 6", "6", "0.12b", mean(FIG6_DELTAS.values()), DENSE))
-    out.append(lr_headline("fig7-best_lr", "Fig. 7", "7", "0.5b", mean(FIG7_DELTAS.values()), MOE))
+    # The MoE's grid goes to ×4: at ×2 both designs were best at the grid's edge (results v3).
+    out.append(lr_headline("fig7-best_lr", "Fig. 7", "7", "0.5b", mean(FIG7_DELTAS.values()), MOE, MOE_LR_FACTORS))
     # The horizon (results v4): the dense headline at HORIZONS × the proxy's tokens, each with its own lr grid.
     out += [horizon_rung(h, "6", "0.12b", mean(FIG6_DELTAS.values()), HORIZON_DENSE) for h in HORIZONS]
+    out += [horizon_rung(h, "7", "0.5b", mean(FIG7_DELTAS.values()), HORIZON_MOE, compiled=False) for h in HORIZONS]
     return out
 
 
@@ -142,24 +145,29 @@ def default_comparisons(lrs: tuple[float, ...]) -> list[Comparison]:
 # compute parameters) reads 2.5 passes of the corpus at 105, where the d64 L4 headline would read 7.5 (MAX_PASSES is
 # 4). Its runs are compiled fp32: unified at d32 L4 trained 34k tokens/s compiled against 11–22k eager (one thread
 # each, side by side, 400 steps, on a 2-core Xeon; the compile costs about 45 CPU-s a run), so the 10 × run
-# takes half the time. Each horizon has its own lr grid: the best lr moves with the horizon.
+# takes half the time. The MoE's runs, on Fig. 7's smallest rung (d32 L2 E8, 2.7 passes at 105), stay eager: its
+# unified trained 13k tokens/s eager and 23k compiled, but the compile cost about 100 CPU-s a run (600 steps each,
+# one thread), so the three horizons together cost about the same either way, and eager is the MoE proxy's path.
+# Each horizon has its own lr grid: the best lr moves with the horizon.
 HORIZONS = (1, 3, 10)
 HORIZON_LRS = (2e-3, 4e-3, 8e-3, 1.6e-2)
-HORIZON_DENSE = DENSE_LADDER[0]
+HORIZON_DENSE, HORIZON_MOE = DENSE_LADDER[0], MOE_LADDER[0]
 
 
 def horizon_rung(horizon: int, figure: str, run: str, paper: float, shape: Shape,
-                 lrs: tuple[float, ...] = HORIZON_LRS) -> Comparison:
-    """unified − baseline at `shape` over an lr grid, trained `horizon` × the proxy's tokens (compiled fp32), at the
-    paper's lr and with each at its best; read against the paper's `paper` as lr_headline's rows are."""
+                 lrs: tuple[float, ...] = HORIZON_LRS, compiled: bool = True) -> Comparison:
+    """unified − baseline at `shape` over an lr grid, trained `horizon` × the proxy's tokens (compiled fp32 by
+    default, eager for the MoE), at the paper's lr and with each at its best; read against the paper's `paper` as
+    lr_headline's rows are."""
     base, uni = pair(figure, run, None, shape)
     paper_lr = lr_text(load_config(FIGURES[figure].config(base.run)).optim.lr)
     texts = tuple(lr_text(lr) for lr in sorted(lrs))
     curves = tuple(Curve(f"{design} lr {lr}", figure, c.run, (f"optim.lr={lr}",), f"{c.suffix}-x{horizon}-lr{lr}",
-                         shape=shape, horizon=horizon, defaults=("train.compile=true",))
+                         shape=shape, horizon=horizon, defaults=("train.compile=true",) if compiled else ())
                    for lr in texts for design, c in (("baseline", base), ("unified", uni)))
     note = (f"Both deltas are read against the paper's {paper:+.4f}, the mean of its sizes, as the headline rung's are. "
-            f"The runs train {horizon} × the proxy's tokens (repro/comparisons.py, HORIZONS), compiled fp32.")
+            f"The runs train {horizon} × the proxy's tokens (repro/comparisons.py, HORIZONS), "
+            f"{'compiled' if compiled else 'eager'} fp32.")
     return Comparison(f"fig{figure}-horizon_x{horizon}", f"The horizon, {'MoE' if shape.n_experts else 'dense'} ({shape.label}) at {horizon} × the "
                       f"proxy's tokens, unified vs baseline over an lr grid", "docs/paper.md §3.1, §3.6, §4.5", curves,
                       kind="lr_grid", grid=LrGrid("baseline", "unified", texts, paper_lr, paper, paper,
@@ -177,8 +185,9 @@ def fig1_grid(lrs: tuple[float, ...]) -> LrGrid:
                   "without − with")
 
 
-def lr_headline(key: str, fig: str, figure: str, run: str, paper: float, shape: Shape) -> Comparison:
-    """A headline rung (`pair(figure, run, ..., shape)`, a ladder's) at ×½, ×1 and ×2 of the paper's lr, unified
+def lr_headline(key: str, fig: str, figure: str, run: str, paper: float, shape: Shape,
+                factors: tuple[float, ...] = LR_FACTORS) -> Comparison:
+    """A headline rung (`pair(figure, run, ..., shape)`, a ladder's) at `factors` × the paper's lr, unified
     − baseline at the paper's lr and with each at its best. The paper's lr is the figure config's
     baseline lr (docs/paper.md §2.1, §2.2: one lr per size), which the paper tuned for the baseline and used for the
     improved model too (§2.1): its Δ is the baseline at its best lr, so both rows are read against it, as the rung
@@ -186,16 +195,18 @@ def lr_headline(key: str, fig: str, figure: str, run: str, paper: float, shape: 
     so the runner (repro/runner.py, plan_runs) gives them the rung's run directories; the others add "-lr<lr>"."""
     base, uni = pair(figure, run, None, shape)
     paper_lr = load_config(FIGURES[figure].config(base.run)).optim.lr
-    lrs = tuple(lr_text(f * paper_lr) for f in LR_FACTORS)
+    lrs = tuple(lr_text(f * paper_lr) for f in factors)
     curves = tuple(Curve(f"{design} lr {lr}", figure, c.run, (f"optim.lr={lr}",),
                          c.suffix + ("" if f == 1 else f"-lr{lr}"), shape=shape)
-                   for f, lr in zip(LR_FACTORS, lrs) for design, c in (("baseline", base), ("unified", uni)))
+                   for f, lr in zip(factors, lrs) for design, c in (("baseline", base), ("unified", uni)))
+    named = ", ".join("×½" if f == 0.5 else f"×{f:g}" for f in factors)
     note = (f"Both deltas are read against the paper's {paper:+.4f}, the mean of its sizes as for the ladder's rung: "
             "the paper tuned the lr for the baseline and used it for the unified model (docs/paper.md §2.1), so its Δ "
             "is already the baseline at its best lr.")
-    return Comparison(key, f"{fig}'s headline rung ({shape.label}), unified vs baseline at ×½, ×1, ×2 the paper's "
-                      f"lr ({lrs[1]})", "docs/paper.md §2.1, §4.5, §4.6", curves, kind="lr_grid",
-                      grid=LrGrid("baseline", "unified", lrs, lrs[1], paper, paper,
+    same = lrs[factors.index(1)]
+    return Comparison(key, f"{fig}'s headline rung ({shape.label}), unified vs baseline at {named} the paper's "
+                      f"lr ({same})", "docs/paper.md §2.1, §4.5, §4.6", curves, kind="lr_grid",
+                      grid=LrGrid("baseline", "unified", lrs, same, paper, paper,
                                   ("baseline", "unified", "WikiText-2 baseline", "WikiText-2 unified"),
                                   "unified − baseline", note))
 

@@ -6,7 +6,8 @@ the same pair of run directories for every seed are one measurement (Fig. 1's "e
 lrs are the "same lr" pair; a headline lr grid's same-lr row, which is its ladder's rung): the page shows it once and
 counts it once. A run directory read by several comparisons (Fig. 5's baseline is Fig. 1's at lr 4e-3 and a rung of
 Fig. 6's ladder) is one run, marked where it is shared. An lr grid picks each design's best lr over the seeds that
-have run at every lr of the grid, and has no rows until each of its curves has a run.
+have run at every lr of the grid that both designs have run, and has no rows until both have run its same lr and
+one more.
 """
 from __future__ import annotations
 
@@ -119,21 +120,37 @@ class Results:
     def best_lr(self, comp: Comparison, design: str) -> Optional[str]:
         """An lr grid's lr where `design` ends lowest: the mean final val loss over the seeds finished at every lr of
         the grid (so each lr's mean is over the same seeds); None until one seed is."""
-        finals = {lr: self.finals(comp, lr_curve(comp, design, lr)) for lr in comp.grid.lrs}
-        seeds = set.intersection(*(set(f) for f in finals.values()))
+        lrs = self.ran_lrs(comp)
+        finals = {lr: self.finals(comp, lr_curve(comp, design, lr)) for lr in lrs}
+        seeds = set.intersection(*(set(f) for f in finals.values())) if finals else set()
         if not seeds:
             return None
         means = {lr: sum(f[s] for s in seeds) / len(seeds) for lr, f in finals.items()}
-        return min(comp.grid.lrs, key=means.get)
+        return min(lrs, key=means.get)
 
     def missing(self, comp: Comparison) -> list[Curve]:
         """The comparison's curves without a finished run."""
         return [c for c in comp.curves if not self.runs_of(comp, c)]
 
+    def ran_lrs(self, comp: Comparison) -> tuple[str, ...]:
+        """An lr grid's lrs where both designs have a finished run: the grid as read so far (an lr added to a grid
+        is read once both its curves have run)."""
+        g = comp.grid
+        return tuple(lr for lr in g.lrs
+                     if all(self.runs_of(comp, lr_curve(comp, d, lr)) for d in (g.reference, g.ours)))
+
+    def unread(self, comp: Comparison) -> bool:
+        """An lr grid without its same-lr pair and another lr run (no best to pick): its section is one line, and
+        nothing of it is counted."""
+        if comp.kind != "lr_grid":
+            return False
+        ran = self.ran_lrs(comp)
+        return comp.grid.same not in ran or len(ran) < 2
+
     def comparison_rows(self, comp: Comparison) -> list[Row]:
         """Before deduplication: every delta the comparison reads, in its table's order."""
         if comp.kind == "lr_grid":  # ours − reference at one lr, then each at its best (docs/paper.md §4.1)
-            if self.missing(comp):  # not run yet: its section says so in one line, and nothing of it is counted
+            if self.unread(comp):  # not run yet: its section says so in one line, and nothing of it is counted
                 return []
             g = comp.grid
             out = [self.row(comp, f"same lr ({g.same})", lr_curve(comp, g.ours, g.same),
@@ -177,7 +194,7 @@ class Results:
         reads none: its section is one line)."""
         mine = {self.path(comp, curve, s) for s in range(self.plan.seeds)}
         return [other.title for other in self.plan.comparisons if other is not comp
-                and not (other.kind == "lr_grid" and self.missing(other))
+                and not self.unread(other)
                 and any(self.path(other, c, s) in mine for c in other.curves for s in range(self.plan.seeds))]
 
     # -------------------------------------------------------------------------------------------------- curves

@@ -61,7 +61,7 @@ def proxy_section(res: Results) -> list[str]:
     out = ["| comparison | seeds | runs | tokens per compute parameter | tokens per parameter, all counted | steps | "
            "passes over the data |", "|---|---|---|---|---|---|---|"]
     for comp in res.plan.comparisons:
-        if comp.kind == "lr_grid" and res.missing(comp):  # not run yet: its section says so, in one line
+        if res.unread(comp):  # not run yet: its section says so, in one line
             continue
         per_curve = [res.runs_of(comp, c) for c in comp.curves]
         runs = list({r.path: r for rs in per_curve for r in rs.values()}.values())
@@ -124,7 +124,7 @@ def write_page(plan: Plan, where: dict, page: Path, cpu: dict[str, float], wiki:
     body, orderings = [], []
     for comp in plan.comparisons:
         body += section(res, comp, img_dir, orderings)
-        if comp.kind != "lr_grid" or not res.missing(comp):  # a grid not run yet is its one line
+        if not res.unread(comp):  # a grid not run yet is its one line
             body += source_table(res, comp)
     text = [
         "# Results: a measured small-scale reproduction of Figures 1 and 5–9",

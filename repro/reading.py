@@ -144,7 +144,7 @@ def retuned_lines(res: Results, holm_of: Optional[dict[int, str]] = None) -> lis
         if len(rows) < 2:
             continue
         (same, best), g = rows, comp.grid
-        lrs = f"of {', '.join(g.lrs)}: {g.ours} {res.best_lr(comp, g.ours)}, {g.reference} " \
+        lrs = f"of {', '.join(res.ran_lrs(comp))}: {g.ours} {res.best_lr(comp, g.ours)}, {g.reference} " \
               f"{res.best_lr(comp, g.reference)}"
         out.append(f"- {name} ({lrs}): {delta_text(best)}: **{verdict_class(best.delta, best.paper)}**"
                    f"{(holm_of or {}).get(id(best), '')}; at the same "

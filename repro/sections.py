@@ -96,24 +96,28 @@ def panel_section(res: Results, comp: Comparison, img_dir: Path) -> tuple[list[s
 def lr_grid_section(res: Results, comp: Comparison, img_dir: Path) -> list[str]:
     """An lr grid (Fig. 1; the headline rungs at ×½, ×1 and ×2 the paper's lr): each design's final loss at every lr
     with its best marked, then ours − reference at the same lr and with each at its best lr, and what retuning
-    does to the lead. Until every curve has a finished run the section is one line saying what has not run (and
-    the comparison has no rows: repro/measure.py)."""
+    does to the lead, over the lrs both designs have run (a line names the rest). Until both designs have run the
+    same lr the section is one line saying what has not run (and the comparison has no rows: repro/measure.py)."""
     g, rows, out = comp.grid, res.rows_of(comp), [f"### {comp.title}", ""]
     missing = res.missing(comp)
-    if missing:
+    if res.unread(comp):
         return out + [not_run_line(res, comp, missing), ""]
     best = {d: res.best_lr(comp, d) for d in (g.reference, g.ours)}
+    ran = res.ran_lrs(comp)
     out += [f"| lr | {' | '.join(g.heads)} |", "|---|---|---|---|---|"]
     for lr in g.lrs:
         cells = [fmt(res.final(comp, lr_curve(comp, d, lr), metric)) + (" (best)" if metric == "val_loss"
                                                                           and best[d] == lr else "")
                  for metric in ("val_loss", res.wiki) for d in (g.reference, g.ours)]
-        out.append(f"| {lr} | " + " | ".join(cells) + " |")
+        out.append(f"| {lr}{'' if lr in ran else ' (not read: not both run)'} | " + " | ".join(cells) + " |")
     notes: dict[str, list[str]] = {}
-    for lr in g.lrs:
+    for lr in ran:
         for d in (g.reference, g.ours):
             marked(res, comp, lr_curve(comp, d, lr), f"{d} lr {lr}", notes)
-    out += footnote(notes) + [""] + delta_table(g, rows) + [""] + ([g.note, ""] if g.note else [])
+    out += footnote(notes) + [""]
+    if missing:
+        out += [partial_line(res, comp, missing, ran), ""]
+    out += delta_table(g, rows) + [""] + ([g.note, ""] if g.note else [])
     said = retuning_sentence(res, comp)
     out += [said or "No seed has finished at every lr of both designs yet: no delta with each at its best lr.", ""]
     drawn = {row.runs: row for row in reversed(rows) if row.delta is not None}  # the first row of each pair of runs
@@ -131,12 +135,7 @@ def delta_table(g: LrGrid, rows: list[Row]) -> list[str]:
 def not_run_line(res: Results, comp: Comparison, missing: list[Curve]) -> str:
     """The one line of a grid whose curves have not all run: which, the command that trains them, and where its
     same-lr delta is when another comparison shows it."""
-    # As many seeds as the grid's curves that have run all have: enough to read it, no more (the plan's --seeds can
-    # be 20, for the central rows).
-    have = [len(res.runs_of(comp, c)) for c in comp.curves if c not in missing]
-    seeds = min(have) if have else res.plan.seeds
-    cmd = shlex.join(["python", "-m", "repro.results", "--seeds", str(seeds), "--only",
-                      *(f"{comp.key}/{c.label}" for c in missing)])
+    cmd = train_command(res, comp, missing)
     g = comp.grid
     same = res.row_reading(comp, lr_curve(comp, g.ours, g.same), lr_curve(comp, g.reference, g.same))
     where = f"; its same-lr delta is *{same.title}*" if same else ""
@@ -144,6 +143,23 @@ def not_run_line(res: Results, comp: Comparison, missing: list[Curve]) -> str:
             f"{'has' if len(missing) == 1 else 'have'} no finished run "
             f"({', '.join(c.label for c in missing)}), so there is no delta with each design at its best lr"
             f"{where}. `{cmd}` trains them.")
+
+
+def train_command(res: Results, comp: Comparison, missing: list[Curve]) -> str:
+    """The command that trains a grid's missing curves at as many seeds as its curves that have run all have: enough
+    to read it, no more (the plan's --seeds can be 20, for the central rows)."""
+    have = [len(res.runs_of(comp, c)) for c in comp.curves if c not in missing]
+    seeds = min(have) if have else res.plan.seeds
+    return shlex.join(["python", "-m", "repro.results", "--seeds", str(seeds), "--only",
+                       *(f"{comp.key}/{c.label}" for c in missing)])
+
+
+def partial_line(res: Results, comp: Comparison, missing: list[Curve], ran: tuple[str, ...]) -> str:
+    """The line of a grid read over part of its lrs: which curves have not run, the command that trains them, and
+    that *best* is over the lrs both designs have run."""
+    cmd = train_command(res, comp, missing)
+    return (f"**Not run yet:** {', '.join(c.label for c in missing)}. Each design's *best* lr is the best of "
+            f"{', '.join(ran)}, the lrs both have run. `{cmd}` trains the rest.")
 
 
 def retuning_sentence(res: Results, comp: Comparison) -> Optional[str]:
@@ -167,7 +183,7 @@ def retuning_sentence(res: Results, comp: Comparison) -> Optional[str]:
 def grid_edge(res: Results, comp: Comparison) -> str:
     """A sentence (with its leading space) naming each design whose best lr is the grid's smallest or largest: its
     optimum may lie outside the grid, so its "best" is only the grid's best; "" when every best is inside."""
-    lrs = sorted(comp.grid.lrs, key=float)
+    lrs = sorted(res.ran_lrs(comp), key=float)
     ends = {lrs[0]: "smallest", lrs[-1]: "largest"}
     at = [(d, lr) for d in (comp.grid.ours, comp.grid.reference) if (lr := res.best_lr(comp, d)) in ends]
     if not at:
@@ -395,7 +411,7 @@ def horizon_section(res: Results, img_dir: Path) -> list[str]:
                        f"{lrs} | {fmt(best.delta, True) if best else '–'} | "
                        f"{verdict_class(best.delta, best.paper) if best else '–'} | {fmt(p.same.delta, True)} | "
                        f"{fmt(best.wiki, True) if best else '–'} |")
-        waiting = [c for c in comps if not res.rows_of(c)]
+        waiting = [c for c in comps if res.missing(c)]
         out.append("")
         if waiting:
             out += ["Not run yet: " + "; ".join(f"{c.horizon} × ({len(res.missing(c))} of {len(c.curves)} curves "

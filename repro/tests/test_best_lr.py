@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from config import load_config
-from repro.comparisons import LR_FACTORS, Comparison, Plan, lr_headline, lr_text, pair
+from repro.comparisons import LR_FACTORS, MOE_LR_FACTORS, Comparison, Plan, lr_headline, lr_text, pair
 from repro.experiments import config_of, experiment_key
 from repro.figures import FIGURES
 from repro.measure import Results
@@ -35,14 +35,15 @@ def test_the_headline_grids_and_their_x1_runs_are_the_rungs():
     plan = Plan(seeds)
     uniques, where = plan_runs(plan, "runs/x")
     # after the others, so no run is renamed; only the horizon rungs come after them
-    assert [c.key for c in plan.comparisons[-5:]] == ["fig6-best_lr", "fig7-best_lr", "fig6-horizon_x1",
-                                                      "fig6-horizon_x3", "fig6-horizon_x10"]
+    assert [c.key for c in plan.comparisons[-8:]] == ["fig6-best_lr", "fig7-best_lr"] + [
+        f"fig{f}-horizon_x{h}" for f in (6, 7) for h in (1, 3, 10)]
     by_name = {u.job.run_name: u for u in uniques}
     for key, ladder, shape, figure, run in HEADLINES:
         comp = comparison(plan, key)
         paper_lr = load_config(FIGURES[figure].config(f"{run}_baseline")).optim.lr
         assert paper_lr == load_config(FIGURES[figure].config(f"{run}_unified")).optim.lr
-        lrs = tuple(lr_text(f * paper_lr) for f in LR_FACTORS)
+        factors = MOE_LR_FACTORS if key == "fig7-best_lr" else LR_FACTORS
+        lrs = tuple(lr_text(f * paper_lr) for f in factors)
         assert comp.kind == "lr_grid" and comp.grid.lrs == lrs and comp.grid.same == lrs[1]
         assert [c.label for c in comp.curves] == [f"{d} lr {lr}" for lr in lrs for d in ("baseline", "unified")]
         rung = {c.label.split()[0]: c for c in comparison(plan, ladder).curves if c.shape == shape}
@@ -53,9 +54,10 @@ def test_the_headline_grids_and_their_x1_runs_are_the_rungs():
                 assert x1 == where[(f"{ladder}/{design} {shape.label}", s)]  # the same run directory
                 x1_cfg = config_of(by_name[x1.name].job.argv)
                 assert x1_cfg.optim.lr == paper_lr and x1_cfg.train.seed == s
-                others = [where[(f"{key}/{design} lr {lr}", s)] for lr in (lrs[0], lrs[2])]
-                assert len({x1, *others}) == 3
-                for lr, d in zip((lrs[0], lrs[2]), others):
+                rest = (lrs[0], *lrs[2:])
+                others = [where[(f"{key}/{design} lr {lr}", s)] for lr in rest]
+                assert len({x1, *others}) == len(lrs)
+                for lr, d in zip(rest, others):
                     cfg = config_of(by_name[d.name].job.argv)
                     assert cfg.optim.lr == float(lr) and cfg.model == x1_cfg.model and cfg.train == x1_cfg.train
                     assert experiment_key(cfg) != experiment_key(x1_cfg)
@@ -73,8 +75,9 @@ def test_only_selects_the_new_runs_of_item_5(capsys):
     picked = select_runs(uniques, where, only)
     assert len(picked) == 8 * 4
     assert sum(u.job.run_name.startswith("fig1-baseline-tiny-lr") for u in picked) == 2 * 4
-    # the headline grids add 6 runs per seed (dense unified ×½ ×2, MoE's four), the horizon rungs 24
-    assert len(uniques) == (42 + 24) * 4
+    # the headline grids add 6 runs per seed (dense unified ×½ ×2, MoE's four); Fig. 1's 1.6e-2 and the MoE's ×4
+    # 4 more, the horizon rungs 46
+    assert len(uniques) == (42 + 4 + 46) * 4
     assert results.main(["--dry-run", "--out-dir", "runs/x", "--only", *only]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 32
 
@@ -245,6 +248,27 @@ def test_the_page_says_in_one_line_what_has_not_run(tmp_path):
     floors = next(x for x in proxy_section(res) if "finished runs" in x)
     assert f" of the {len(res.loaded)} finished runs " in floors or f"Every one of the {len(res.loaded)} " in floors
     assert len(res.loaded) == 4 * SEEDS  # baseline at three lrs and unified at the paper's
+
+
+def test_a_grid_is_read_over_the_lrs_both_designs_have_run(tmp_path):
+    """An lr added to a grid (v4's 1.6e-2, the MoE's ×4) does not hide the rest: with unified at 8e-3 not run, the
+    grid reads 2e-3 and 4e-3, picks each best there, counts its rows, marks the lr not read and names the command
+    that trains the missing curve; the edge sentence reads the lrs run (4e-3, unified's best, is their largest)."""
+    partial = {k: v for k, v in BEST_DIFFER.items() if k != "unified lr 8e-3"}
+    plan, where, grid = dense_plan(tmp_path, partial)
+    for s in range(SEEDS):
+        where[("fig6-best_lr/unified lr 8e-3", s)] = tmp_path / f"not-run-{s}"
+    res = Results(plan, where, "wiki")
+    assert res.ran_lrs(grid) == ("2e-3", "4e-3") and not res.unread(grid)
+    assert (res.best_lr(grid, "baseline"), res.best_lr(grid, "unified")) == ("2e-3", "4e-3")
+    same, best = res.rows_of(grid)
+    assert best.label == "each at its best lr (unified 4e-3, baseline 2e-3)" and best.counted
+    assert best.delta.mean == pytest.approx(2.99 - 3.00)
+    text = "\n".join(lr_grid_section(res, grid, tmp_path / "img"))
+    assert "| 8e-3 (not read: not both run) | 3.3500 ± " in text and "| – |" in text
+    assert ("**Not run yet:** unified lr 8e-3. Each design's *best* lr is the best of 2e-3, 4e-3, the lrs both have "
+            "run. `python -m repro.results --seeds 4 --only 'fig6-best_lr/unified lr 8e-3'` trains the rest.") in text
+    assert "The best lr of unified is the grid's largest (4e-3)" in text
 
 
 def test_the_not_run_line_asks_for_the_seeds_the_grid_has_run(tmp_path):

@@ -21,12 +21,13 @@ from repro import results
 SEEDS = 2
 # 11 Fig. 5 runs; Fig. 1's grid at 2 lrs less its baseline at 4e-3 (Fig. 5's); Fig. 6's ladder less its d64 L4
 # rung (Fig. 5's baseline and hg_dnp_or_iwd); Figs. 8 and 9, dense and MoE; Fig. 7's 3 rungs; the headline lr grids
-# less their ×1 runs (the rungs'): dense less its baseline at 8e-3 (Fig. 1's), MoE at ×½ and ×2; the horizon rungs'
-# grid of 4 lrs, one experiment for every horizon here (2 steps each) less its 4e-3 pair (the d32 L4 rung's): per seed.
-EXPERIMENTS = 11 + 3 + 6 + 4 + 4 + 6 + 3 + 4 + 6
-# Fig. 5's deltas, Fig. 1's two, Fig. 6's rungs, Figs. 8 and 9, Fig. 7's rungs, the headline grids' and the horizon
-# rungs' two each
-ROWS = 12 + 2 + 4 + 4 + 3 + 4 + 6
+# less their ×1 runs (the rungs'): dense less its baseline at 8e-3 (Fig. 1's), MoE at ×½, ×2 and ×4; the horizon
+# rungs' grid of 4 lrs, one experiment for every horizon here (2 steps each), less the pair that is a ladder rung's
+# (dense at 4e-3, MoE at 2e-3): per seed.
+EXPERIMENTS = 11 + 3 + 6 + 4 + 4 + 6 + 3 + 6 + 6 + 6
+# Fig. 5's deltas, Fig. 1's two, Fig. 6's rungs, Figs. 8 and 9, Fig. 7's rungs, the headline grids' and the six
+# horizon rungs' two each
+ROWS = 12 + 2 + 4 + 4 + 3 + 4 + 12
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +137,7 @@ def test_page_numbers_come_from_the_runs(miniature):
     images = re.findall(r"\]\((img/results/[^)]+)\)", text)
     for image in images:
         assert (page.parent / image).stat().st_size > 1000
-    assert len(images) == 19  # 16 comparisons + 2 scaling laws + the horizon
+    assert len(images) == 23  # 19 comparisons + 2 scaling laws + the two horizon plots
 
 
 def test_page_reads_first_and_counts_over_independent_rows(miniature):
@@ -399,7 +400,9 @@ def test_every_planned_run_is_sized_by_the_proxy_rules():
     from repro.experiments import config_of
     from repro.runner import plan_runs
     uniques, _ = plan_runs(Plan(4), "runs/results")
-    assert len(uniques) == (42 + 3 * 8) * 4  # the horizon rungs: 4 lrs of 2 designs at each horizon
+    # Fig. 1 at 1.6e-2 and the MoE headline at ×4: 2 runs each; the horizon rungs: 4 lrs of 2 designs at each
+    # horizon, dense and MoE, less the MoE's ×1 pair at 2e-3 (the d32 L2 E8 rung's)
+    assert len(uniques) == (42 + 4 + 6 * 8 - 2) * 4
     ratios = {}
     for u in uniques:
         cfg = config_of(u.job.argv)
