@@ -166,6 +166,24 @@ class Results:
         ref = comp.curves[0]
         return [self.row(comp, c.label, c, ref, c.paper_delta) for c in comp.curves[1:]]
 
+    def grid_contrasts(self, comp: Comparison) -> list[Row]:
+        """The contrasts that pick an lr grid's best lrs: for each design, its best lr − its runner-up (the next
+        lowest mean over the same seeds), paired by seed. A best-vs-best verdict rests on them, so they join the
+        page's multiple-comparison family (repro/reading.py, family); they have no paper value and no verdict."""
+        if comp.kind != "lr_grid" or self.unread(comp):
+            return []
+        out = []
+        for design in (comp.grid.reference, comp.grid.ours):
+            lrs = self.ran_lrs(comp)
+            finals = {lr: self.finals(comp, lr_curve(comp, design, lr)) for lr in lrs}
+            seeds = set.intersection(*(set(f) for f in finals.values()))
+            if len(seeds) < 2:
+                continue
+            best, second = sorted(lrs, key=lambda lr: sum(finals[lr][s] for s in seeds))[:2]
+            out.append(self.row(comp, f"{design} at its best lr {best} − at {second} (the lr pick)",
+                                lr_curve(comp, design, best), lr_curve(comp, design, second), None))
+        return out
+
     @property
     def rows(self) -> list[Row]:
         """Every comparison's rows in plan order; a row with the runs of an earlier one (either way round) names it."""

@@ -42,6 +42,27 @@ def distinct(res: Results) -> list[Row]:
     return [r for r in res.rows if r.counted]
 
 
+def family(res: Results) -> list[Row]:
+    """The multiple-comparison family: the distinct rows, and after each lr grid's rows the contrasts that pick its
+    best lrs (repro/measure.py, grid_contrasts) where they are not a page row already; rows and contrasts whose
+    vectors are sums of earlier ones leave the basis (repro/contrasts.py)."""
+    rows = distinct(res)
+    seen = {r.runs for r in rows} | {tuple((b, a) for a, b in r.runs) for r in rows}
+    out = []
+    for comp in res.plan.comparisons:
+        out += [r for r in rows if r.comparison is comp]
+        for r in res.grid_contrasts(comp):
+            if r.runs not in seen and r.delta is not None and r.delta.n >= 2:
+                out.append(r)
+                seen.add(r.runs)
+    return out
+
+
+def is_pick(r: Row) -> bool:
+    """A contrast that picks an lr grid's best lr, not a page row (`family`)."""
+    return r.label.endswith("(the lr pick)")
+
+
 def central_rows(res: Results) -> list[tuple[str, Row]]:
     out = []
     for name, key, label in CENTRAL:
@@ -99,7 +120,7 @@ def plain_reading(res: Results) -> list[str]:
     if not rows:
         return ["No delta has two seeds yet: the proxy says nothing about the paper's claims so far.", ""]
     out = ["The paper's central claims, each one row of the tables below:", ""]
-    holm_of = holm_verdicts(contrasts(rows))
+    holm_of = holm_verdicts(contrasts(family(res)))
     out += [f"- {name}: {delta_text(r)}: **{verdict_class(r.delta, r.paper)}**{holm_of.get(id(r), '')}"
             f"{wiki_text(r)}." for name, r in central_rows(res)]
     out += retuned_lines(res, holm_of)
@@ -114,7 +135,7 @@ def plain_reading(res: Results) -> list[str]:
         out.append(f"- **Far from the paper's value** (a point estimate of the opposite sign, or more than {FAR:g}× "
                    f"or under 1/{FAR:g} of the paper's; {len(farther)} of {len(rows)}): "
                    + "; ".join(f"{r.title} ({ratio(r.delta, r.paper):.2f}×)" for r in farther) + ".")
-    out += ["", count_sentence(res, contrasts(rows))]
+    out += ["", count_sentence(res, contrasts(family(res)))]
     for comp in res.plan.comparisons:
         law = law_of(res, comp) if comp.kind == "ladder" else None
         if law is not None and law.boot is not None:
@@ -156,8 +177,10 @@ def retuned_lines(res: Results, holm_of: Optional[dict[int, str]] = None) -> lis
 def holm_verdicts(c: Contrasts) -> dict[int, str]:
     """For each basis row (by id), whether it survives Holm's correction over the page's family of basis rows."""
     _, by_holm, _ = tests_over(c)
-    n = len(c.basis)
-    return {id(r): f"; {'survives' if keep else 'does not survive'} Holm over the {n} basis rows"
+    n, picks = len(c.basis), sum(map(is_pick, c.basis))
+    over = f"the {n} basis rows" + (f" ({picks} of them {'an lr-grid pick' if picks == 1 else 'lr-grid picks'})"
+                                    if picks else "")
+    return {id(r): f"; {'survives' if keep else 'does not survive'} Holm over {over}"
             for r, keep in zip(c.basis, by_holm)}
 
 
@@ -171,7 +194,11 @@ def count_sentence(res: Results, c: Contrasts) -> str:
     p, by_holm, by_bh = tests_over(c)
     resolved = [r for r in c.basis if r.delta.resolved]
     named = lambda keep: "; ".join(r.title for r, k in zip(c.basis, keep) if k) or "none"  # noqa: E731
-    return (f"Counting only what is measured once: {len(c.basis)} of the {len(c.basis) + len(c.sums)} distinct rows "
+    picks = sum(map(is_pick, c.basis + c.dependent))
+    counted = f"{len(c.basis) + len(c.sums) - picks} distinct rows" + (
+        f" and {picks} lr-grid picks (the contrasts that pick a grid's best lr: a design at its best lr against its "
+        "runner-up)" if picks else "")
+    return (f"Counting only what is measured once: {len(c.basis)} of the {counted} "
             f"are linearly independent (the other {len(c.sums)} are sums of them: the count below). Of those "
             f"{len(c.basis)}, {len(resolved)} resolve at 95 % one by one; {sum(by_holm)} "
             f"{'survives' if sum(by_holm) == 1 else 'survive'} Holm's correction for the family (5 % family-wise: "
@@ -223,7 +250,7 @@ def count_section(res: Results, orderings: list[bool]) -> list[str]:
            + "; ".join(f"{len(groups[k])} {k}" for k in VERDICTS if k in groups) + ".", ""]
     if not counted:  # every curve has one seed so far: no delta has an interval, and a tally of 0 of 0 says nothing
         return out + ["No delta has two seeds yet: there is nothing to tally against the paper's signs.", ""]
-    c = contrasts(counted)
+    c = contrasts(family(res))
     out += basis_lines(c) + power_lines(res)
     signed = [r for r in counted if r.paper is not None]
     both = [r for r in counted if r.delta.resolved and r.wiki is not None]

@@ -250,6 +250,30 @@ def test_the_page_says_in_one_line_what_has_not_run(tmp_path):
     assert len(res.loaded) == 4 * SEEDS  # baseline at three lrs and unified at the paper's
 
 
+def test_the_contrasts_that_pick_each_best_lr_join_the_holm_family(tmp_path):
+    """Item 3 of results v4: each design at its best lr against its runner-up (the baseline 2e-3 − 4e-3, unified
+    4e-3 − 2e-3) is tested with the page's rows. The baseline's pick is the rung's row less best against best, a sum
+    of rows already in the basis; unified's is a new vector, so it enters the basis and Holm's count, and the central
+    rows' Holm sentence says so."""
+    from repro.contrasts import contrasts
+    from repro.reading import family, holm_verdicts, is_pick
+    plan, where, grid = dense_plan(tmp_path, BEST_DIFFER, WOBBLE)
+    res = Results(plan, where, "wiki")
+    picks = res.grid_contrasts(grid)
+    assert [p.label for p in picks] == ["baseline at its best lr 2e-3 − at 4e-3 (the lr pick)",
+                                        "unified at its best lr 4e-3 − at 2e-3 (the lr pick)"]
+    assert picks[0].delta.mean == pytest.approx(3.00 - 3.05 + sum(WOBBLE["baseline lr 2e-3"]) / SEEDS)
+    assert all(p.paper is None and is_pick(p) for p in picks)
+    fam = family(res)
+    assert [r.label for r in fam if is_pick(r)] == [p.label for p in picks]
+    c = contrasts(fam)
+    assert [r.label for r in c.basis] == [DENSE.label, "each at its best lr (unified 4e-3, baseline 2e-3)",
+                                          picks[1].label]
+    assert [r.label for r, _ in c.sums] == [picks[0].label]
+    said = holm_verdicts(c)
+    assert said[id(c.basis[0])].endswith("Holm over the 3 basis rows (1 of them an lr-grid pick)")
+
+
 def test_a_grid_is_read_over_the_lrs_both_designs_have_run(tmp_path):
     """An lr added to a grid (v4's 1.6e-2, the MoE's ×4) does not hide the rest: with unified at 8e-3 not run, the
     grid reads 2e-3 and 4e-3, picks each best there, counts its rows, marks the lr not read and names the command

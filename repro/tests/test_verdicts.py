@@ -412,7 +412,7 @@ def test_a_central_row_says_whether_it_survives_holm():
 
     from repro.contrasts import Contrasts
     from repro.reading import holm_verdicts
-    strong, weak, null = (SimpleNamespace(delta=Stat(m, 0.01, 8)) for m in (-0.05, -0.009, 0.0))
+    strong, weak, null = (SimpleNamespace(delta=Stat(m, 0.01, 8), label="") for m in (-0.05, -0.009, 0.0))
     assert strong.delta.resolved and weak.delta.resolved and not null.delta.resolved
     said = holm_verdicts(Contrasts(basis=[strong, weak, null], sums=[]))
     assert said[id(strong)] == "; survives Holm over the 3 basis rows"
