@@ -3,7 +3,9 @@ validation losses, the equal-loss compute multiplier against a reference strateg
 seeds — whether the two exponents differ and where the two laws cross.
 
 C = 6·N·D / 8.64e19 PFLOP/s-days, with D the tokens seen at the final evaluation and N the parameters without the
-input embedding — for MoE all of them, not the activated ones (docs/paper.md §3.6: the paper's compute axis).
+input embedding — for MoE all of them, not the activated ones (docs/paper.md §3.6: the paper's compute axis). Each
+strategy's N is its own (results v4): unified's scale vectors add a few percent at the proxy's widths, and a law
+that gave them the baseline's N would credit unified with compute it did not spend.
 
 The multiplier at loss L is C_ref(L) / C_new(L), with C(L) = (L/a)^(1/b) from each fit: how much more compute the
 reference strategy needs to reach the loss the other reaches. Two laws with equal exponents have one multiplier,
@@ -19,7 +21,7 @@ bootstrap is narrower than a t interval would be (it resamples the seeds it has)
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
@@ -129,9 +131,15 @@ def points_from_runs(runs: list, warn=None) -> dict[str, list[tuple[float, float
 
 @dataclass(frozen=True)
 class Rung:
-    """One model size of a ladder: its compute and every strategy's final loss per seed."""
+    """One model size of a ladder: its compute and every strategy's final loss per seed. A strategy with more
+    parameters at the same size (unified's scale vectors) has its own compute in `computes`; the rung's `compute`
+    is the reference strategy's, where its multiplier is read."""
     compute: float
     losses: dict[str, dict[int, float]]  # strategy → seed → final val loss
+    computes: dict[str, float] = field(default_factory=dict)  # strategy → its own C, where it differs
+
+    def c(self, strategy: str) -> float:
+        return self.computes.get(strategy, self.compute)
 
 
 def _fits(points: dict[str, list[tuple[float, float]]]) -> Optional[dict[str, PowerLaw]]:
@@ -200,14 +208,15 @@ class LadderLaw:
 
 def ladder_law(rungs: list[Rung], reference: str, other: str) -> Optional[LadderLaw]:
     """The laws of the seed means and of each seed's own losses (None: fewer than two rungs with both)."""
-    rungs = sorted((r for r in rungs if r.losses.get(reference) and r.losses.get(other)), key=lambda r: r.compute)
-    means = {k: [(r.compute, sum(r.losses[k].values()) / len(r.losses[k])) for r in rungs] for k in (reference, other)}
+    rungs = sorted((r for r in rungs if r.losses.get(reference) and r.losses.get(other)),
+                   key=lambda r: r.c(reference))
+    means = {k: [(r.c(k), sum(r.losses[k].values()) / len(r.losses[k])) for r in rungs] for k in (reference, other)}
     fits = _fits(means)
     if fits is None:
         return None
-    compute = tuple(r.compute for r in rungs)
+    compute = tuple(r.c(reference) for r in rungs)
     seeds = sorted(set.intersection(*(set(r.losses[k]) for r in rungs for k in (reference, other))))
-    per_seed = [f for f in (_fits({k: [(r.compute, r.losses[k][s]) for r in rungs] for k in (reference, other)})
+    per_seed = [f for f in (_fits({k: [(r.c(k), r.losses[k][s]) for r in rungs] for k in (reference, other)})
                             for s in seeds) if f is not None]
     logs = [[log_multiplier_at(f[reference], f[other], c) for c in compute] for f in per_seed]
     return LadderLaw(
@@ -241,7 +250,7 @@ def bootstrap_law(rungs: list[Rung], reference: str, other: str, resamples: int 
     """The percentile intervals of the laws' multipliers, crossing and exponents' difference over seeds resampled
     with replacement per rung, paired across the two strategies (None: a rung with fewer than two paired seeds)."""
     rng = np.random.default_rng(seed)
-    x = np.log([r.compute for r in rungs])
+    x, x_other = (np.log([r.c(k) for r in rungs]) for k in (reference, other))
     means = {reference: [], other: []}
     for r in rungs:
         seeds = sorted(set(r.losses[reference]) & set(r.losses[other]))
@@ -250,13 +259,15 @@ def bootstrap_law(rungs: list[Rung], reference: str, other: str, resamples: int 
         pick = rng.integers(0, len(seeds), size=(resamples, len(seeds)))
         for k in means:
             means[k].append(np.array([r.losses[k][s] for s in seeds])[pick].mean(axis=1))
-    (la_r, b_r), (la_o, b_o) = (_slopes(x, np.log(np.stack(means[k], axis=1))) for k in (reference, other))
+    (la_r, b_r), (la_o, b_o) = (_slopes(xk, np.log(np.stack(means[k], axis=1)))
+                                for xk, k in ((x, reference), (x_other, other)))
     logm = x[None, :] - (la_r[:, None] + b_r[:, None] * x[None, :] - la_o[:, None]) / b_o[:, None]
     with np.errstate(divide="ignore", invalid="ignore"):
         cross = np.where(b_r != b_o, (la_o - la_r) / (b_r - b_o), np.inf) - x.max()
 
     def pct(v: np.ndarray) -> tuple[float, float]:
-        lo, hi = np.percentile(v, [2.5, 97.5])
+        with np.errstate(invalid="ignore"):  # parallel resamples cross at ±inf: inf − inf between two of them
+            lo, hi = np.percentile(v, [2.5, 97.5])
         return float(lo), float(hi)
     return LawBootstrap(resamples, tuple(pct(logm[:, i]) for i in range(len(x))), pct(logm.mean(axis=1)),
                         pct(cross), pct(b_o - b_r))

@@ -217,11 +217,12 @@ def lead_after_retuning(g: LrGrid, same: Optional[Stat], best: Optional[Stat]) -
 
 @dataclass(frozen=True)
 class LadderRung:
-    """A ladder rung as the page reads it: its row, the baseline's compute parameters and final tokens, and C."""
+    """A ladder rung as the page reads it: its row, each strategy's compute parameters, the final tokens, and C."""
     row: Row
-    n: int
+    n: int  # the baseline's
+    n_unified: Optional[int]  # None until unified has a finished run
     tokens: int
-    compute: float  # the paper's markers: both strategies at the baseline's C (docs/paper.md §4.5)
+    compute: float  # the baseline's C; unified's is its own N over the same tokens (repro/laws.py)
     rung: Rung
 
 
@@ -236,8 +237,12 @@ def ladder_rungs(res: Results, comp: Comparison) -> list[Optional[LadderRung]]:
         run = next(iter(runs.values()))
         n = compute_params(run.cfg)
         c = pflops_days(n, run.final_tokens)
-        out.append(LadderRung(row, n, run.final_tokens, c,
-                              Rung(c, {"baseline": res.finals(comp, base), "unified": res.finals(comp, uni)})))
+        uni_run = next(iter(res.runs_of(comp, uni).values()), None)
+        n_uni = compute_params(uni_run.cfg) if uni_run else None
+        computes = {"unified": pflops_days(n_uni, uni_run.final_tokens)} if uni_run else {}
+        out.append(LadderRung(row, n, n_uni, run.final_tokens, c,
+                              Rung(c, {"baseline": res.finals(comp, base), "unified": res.finals(comp, uni)},
+                                   computes)))
     return out
 
 
@@ -248,23 +253,26 @@ def law_of(res: Results, comp: Comparison) -> Optional[LadderLaw]:
 
 def ladder_section(res: Results, comp: Comparison, img_dir: Path) -> list[str]:
     """Figs. 6, 7: baseline vs unified at each rung, then the two laws L = a·C^b as the data has them."""
-    out = [f"### {comp.title}", "", f"| rung | N (compute) | tokens | C (PFLOP/s-days) | baseline | unified | "
-           f"{DELTA_HEAD} |", "|---" * 12 + "|"]
+    out = [f"### {comp.title}", "", f"| rung | N (compute), baseline / unified | tokens | C (PFLOP/s-days), baseline "
+           f"| baseline | unified | {DELTA_HEAD} |", "|---" * 12 + "|"]
     rungs, notes = [], {}
     for (base, uni), row, lr in zip(comp.rungs, res.rows_of(comp), ladder_rungs(res, comp)):
         if lr is None:
             out.append(f"| {row.label} | | | | – | {fmt(res.final(comp, uni))} | {delta_cells(row)} |")
             continue
-        out.append(f"| {marked(res, comp, base, row.label, notes)} | {lr.n:,} | {lr.tokens:,} | {lr.compute:.3g} | "
+        n_text = f"{lr.n:,} / {lr.n_unified:,}" if lr.n_unified else f"{lr.n:,}"
+        out.append(f"| {marked(res, comp, base, row.label, notes)} | {n_text} | {lr.tokens:,} | {lr.compute:.3g} | "
                    f"{fmt(res.final(comp, base))} | {fmt(res.final(comp, uni))} | {delta_cells(row)} |")
         rungs.append(lr.rung)
     out += footnote(notes)
-    out += ["", "A rung has no paper size of its own: its Δ is read against the mean of the paper's sizes ("
+    out += ["", "Each strategy's compute counts its own parameters: unified's law places its losses at its own C, "
+            "the same tokens over its N, and each multiplier is read at the baseline's C.",
+            "", "A rung has no paper size of its own: its Δ is read against the mean of the paper's sizes ("
             + ", ".join(f"{k.upper()} {v:+.4f}" for k, v in comp.paper_sizes) + f"; {comp.cite}).", ""]
     law = ladder_law(rungs, "baseline", "unified")
     if law is not None:
         out += law_lines(law, comp.paper_multiplier)
-        pts = {k: [(r.compute, sum(r.losses[k].values()) / len(r.losses[k])) for r in rungs if r.losses.get(k)]
+        pts = {k: [(r.c(k), sum(r.losses[k].values()) / len(r.losses[k])) for r in rungs if r.losses.get(k)]
                for k in ("baseline", "unified")}
         plot_law(pts, law.fits, f"{comp.title.split(',')[0]}: laws of the seed means", img_dir / f"{comp.key}_law.png")
         out += [f"![scaling law](img/{img_dir.name}/{comp.key}_law.png)", ""]

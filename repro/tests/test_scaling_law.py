@@ -115,6 +115,24 @@ def test_bootstrap_intervals_hold_the_estimate_and_shrink_with_the_spread():
     assert laws.bootstrap_law(one, "baseline", "unified") is None
 
 
+def test_each_strategy_is_placed_at_its_own_compute():
+    """Results v4, item 6: one law for both strategies, unified with 3 % more parameters (its losses on the law at
+    its own C). Counted at its own compute the multiplier is 1 and the laws coincide, seed means and bootstrap
+    alike; given the baseline's compute, the same losses would credit unified with 1.03×."""
+    law = laws.PowerLaw(3.0, -0.05)
+    compute = [1.0, 4.0, 16.0, 64.0]
+    own = [laws.Rung(c, {"baseline": {s: law.loss(c) for s in range(4)},
+                         "unified": {s: law.loss(1.03 * c) for s in range(4)}}, {"unified": 1.03 * c})
+           for c in compute]
+    fit = laws.ladder_law(own, "baseline", "unified")
+    assert fit.compute == tuple(compute)  # read at the baseline's C
+    assert fit.fits["unified"].a == pytest.approx(3.0) and fit.fits["unified"].b == pytest.approx(-0.05)
+    assert all(m == pytest.approx(0.0, abs=1e-9) for m in fit.log_multipliers)
+    assert all(abs(v) < 1e-9 for lo_hi in fit.boot.log_multipliers for v in lo_hi)
+    shared = [laws.Rung(r.compute, r.losses) for r in own]
+    assert laws.ladder_law(shared, "baseline", "unified").log_mean == pytest.approx(math.log(1.03), rel=1e-6)
+
+
 def test_the_page_prints_no_crossing_or_multiplier_without_its_interval():
     from repro.sections import law_lines
     ref, other = laws.PowerLaw(3.0, -0.05), laws.PowerLaw(2.8, -0.04)
