@@ -14,9 +14,10 @@ from repro.comparisons import Comparison
 from repro.contrasts import Contrasts, combination_text, contrasts
 from repro.laws import LadderLaw, ratio_text, times, times_interval, times_text
 from repro.measure import Results, Row
-from repro.proxy import DENSE, MOE
+from repro.proxy import DENSE, MOE, TOKENS_PER_PARAM
 from runs import Run
-from repro.sections import crossing_log, grid_edge, law_of, lead_after_retuning
+from repro.sections import (crossing_log, grid_edge, horizon_families, horizon_points, horizon_trend, law_of,
+                            lead_after_retuning)
 from repro.sources import all_prefix
 from repro.significance import benjamini_hochberg, holm, mde_at, p_value, seeds_for
 from repro.stats import (ALPHA, CONSISTENT, CONTRADICTS, FAR, LARGER, REPRODUCES, RULED_OUT, SMALLER, UNDECIDED,
@@ -119,8 +120,10 @@ def plain_reading(res: Results) -> list[str]:
     rows = distinct(res)
     if not rows:
         return ["No delta has two seeds yet: the proxy says nothing about the paper's claims so far.", ""]
-    out = ["The paper's central claims, each one row of the tables below:", ""]
     holm_of = holm_verdicts(contrasts(family(res)))
+    out = horizon_lines(res, holm_of)
+    out += ["The paper's central claims" + (f" at the proxy's {TOKENS_PER_PARAM:g} tokens per compute parameter"
+                                            if out else "") + ", each one row of the tables below:", ""]
     out += [f"- {name}: {delta_text(r)}: **{verdict_class(r.delta, r.paper)}**{holm_of.get(id(r), '')}"
             f"{wiki_text(r)}." for name, r in central_rows(res)]
     out += retuned_lines(res, holm_of)
@@ -141,6 +144,32 @@ def plain_reading(res: Results) -> list[str]:
         if law is not None and law.boot is not None:
             out += ["", law_sentence(comp, law)]
     return out + [""]
+
+
+def horizon_lines(res: Results, holm_of: dict[int, str]) -> list[str]:
+    """The headline at the longest horizon that has run, each design at its best lr (repro/sections.py,
+    horizon_section): its delta, label, Holm verdict and WikiText-2 delta, and what the horizon did to it; nothing
+    before a horizon rung has run."""
+    out = []
+    for comps in horizon_families(res).values():
+        points = [p for p in horizon_points(res, comps) if p.best is not None and p.best.delta is not None]
+        if not points:
+            continue
+        p, g = points[-1], points[-1].comp.grid
+        name = p.comp.title.split(" at ")[0].removeprefix("The horizon, ")
+        lrs = (f"of {', '.join(res.ran_lrs(p.comp))}: {g.ours} {res.best_lr(p.comp, g.ours)}, {g.reference} "
+               f"{res.best_lr(p.comp, g.reference)}")
+        trend = horizon_trend(points)
+        # Holm's verdict is the first row with these runs (best against best can be the same-lr row)
+        shown = p.best if p.best.same_as is None else next(r for r in res.rows if r.title == p.best.same_as)
+        out.append(f"- {name[0].upper() + name[1:]} unified vs baseline at {p.tokens_per_param:.3g} tokens per compute "
+                   f"parameter, each at its best lr ({lrs}): {delta_text(p.best)}: "
+                   f"**{verdict_class(p.best.delta, p.best.paper)}**{holm_of.get(id(shown), '')}{wiki_text(p.best)}."
+                   + grid_edge(res, p.comp) + (f" {trend}" if trend else ""))
+    if not out:
+        return []
+    return ["The headline at the longest horizon run (the paper trains 100–129 tokens per compute parameter; "
+            "the horizon section below):", "", *out, ""]
 
 
 def retuned_grids(res: Results) -> list[tuple[str, Comparison]]:

@@ -79,16 +79,15 @@ def fake_run(path: Path, final: float, tokens: int) -> None:
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
 
 
-def test_the_horizon_section_reads_each_rung(tmp_path):
-    """Two horizons over a 2-lr grid, 3 seeds: unified leads by 0.04 at ×1 (both best at 4e-3) and by 0.01 at ×10
-    (both best at 2e-3); the table gives each rung's tokens per compute parameter, best lrs, both deltas and the
-    verdict; the sentence says the lead shrinks, with Welch's interval; ×3 has no runs and says how to train it."""
-    lrs = (2e-3, 4e-3)
-    comps = [horizon_rung(h, "6", "0.12b", -0.0302, HORIZON_DENSE, lrs) for h in HORIZONS]
-    plan = Plan(3, comparisons=comps)
-    noise = (0.0, 0.002, -0.002)
-    finals = {1: {"baseline lr 2e-3": 3.2, "unified lr 2e-3": 3.18, "baseline lr 4e-3": 3.1, "unified lr 4e-3": 3.06},
-              10: {"baseline lr 2e-3": 2.5, "unified lr 2e-3": 2.49, "baseline lr 4e-3": 2.6, "unified lr 4e-3": 2.58}}
+FINALS = {1: {"baseline lr 2e-3": 3.2, "unified lr 2e-3": 3.18, "baseline lr 4e-3": 3.1, "unified lr 4e-3": 3.06},
+          10: {"baseline lr 2e-3": 2.5, "unified lr 2e-3": 2.49, "baseline lr 4e-3": 2.6, "unified lr 4e-3": 2.58}}
+NOISE = (0.0, 0.002, -0.002)  # per seed; unified's twice the baseline's, so the deltas have a spread
+
+
+def horizon_family(tmp_path: Path, horizons: tuple[int, ...]):
+    """The dense horizon rungs at `horizons` over a 2-lr grid, 3 seeds, runs at FINALS where it has the horizon
+    (none elsewhere): the Results and the comparisons."""
+    comps = [horizon_rung(h, "6", "0.12b", -0.0302, HORIZON_DENSE, (2e-3, 4e-3)) for h in horizons]
     n = proxy.compute_params(load_config("configs/tiny_cpu.yaml"))
     where = {}
     for comp in comps:
@@ -96,10 +95,17 @@ def test_the_horizon_section_reads_each_rung(tmp_path):
             for s in range(3):
                 d = tmp_path / f"{comp.key}-{c.label.replace(' ', '_')}-s{s}"
                 where[(f"{comp.key}/{c.label}", s)] = d
-                if comp.horizon in finals:  # unified's noise differs from the baseline's: the deltas have a spread
-                    fake_run(d, finals[comp.horizon][c.label] + noise[s] * (2 if "unified" in c.label else 1),
+                if comp.horizon in FINALS:
+                    fake_run(d, FINALS[comp.horizon][c.label] + NOISE[s] * (2 if "unified" in c.label else 1),
                              round(10.5 * comp.horizon * n))
-    res = Results(plan, where, "wiki")
+    return Results(Plan(3, comparisons=comps), where, "wiki"), comps
+
+
+def test_the_horizon_section_reads_each_rung(tmp_path):
+    """Two horizons over a 2-lr grid, 3 seeds: unified leads by 0.04 at ×1 (both best at 4e-3) and by 0.01 at ×10
+    (both best at 2e-3); the table gives each rung's tokens per compute parameter, best lrs, both deltas and the
+    verdict; the sentence says the lead shrinks, with Welch's interval; ×3 has no runs and says how to train it."""
+    res, comps = horizon_family(tmp_path, HORIZONS)
     text = "\n".join(horizon_section(res, tmp_path / "img"))
     assert "| 1 | 10.5 | 3 | 4e-3, 4e-3 | -0.0400 [" in text and "| 10 | 105.0 | 3 | 2e-3, 2e-3 | -0.0100 [" in text
     assert "Not run yet: 3 × (8 of 8 curves without a finished run)" not in text  # the grid here has 2 lrs
@@ -113,3 +119,20 @@ def test_the_horizon_section_reads_each_rung(tmp_path):
             f"{d.half:.4f} (Welch, 95 %): **the verdict shrinks (still resolved)**.") in text
     assert (tmp_path / "img" / "fig6-horizon.png").stat().st_size > 1000
     assert [lr_text(x) for x in HORIZON_LRS] == ["2e-3", "4e-3", "8e-3", "1.6e-2"]
+
+
+def test_the_plain_reading_opens_with_the_longest_horizon(tmp_path):
+    """The page's first lines: the headline at the longest horizon run, each design at its best lr, with its label,
+    its Holm verdict, its WikiText-2 delta and what the horizon did to it; then v3's central rows, said to be at the
+    proxy's 10.5 tokens per compute parameter."""
+    from repro.reading import plain_reading
+    res, _ = horizon_family(tmp_path, (1, 10))
+    lines = plain_reading(res)
+    assert lines[0].startswith("The headline at the longest horizon run")
+    head = lines[2]
+    assert head.startswith("- Dense (d32 L4) unified vs baseline at 105 tokens per compute parameter, each at its best "
+                           "lr (of 2e-3, 4e-3: unified 2e-3, baseline 2e-3): -0.0100 [")
+    assert "**right sign, smaller**; survives Holm over the " in head and "; on WikiText-2 -0.0100 [" in head
+    assert "Both designs' best lr is the grid's smallest (2e-3)" in head and "**the verdict shrinks (still " in head
+    assert lines[4] == ("The paper's central claims at the proxy's 10.5 tokens per compute parameter, each one row of "
+                        "the tables below:")
