@@ -42,6 +42,12 @@ class RunConfig:
         if "val" in names or len(set(names)) != len(names):
             bad.append(("data.val_sets", f"folder names {names} must be unique and not 'val' (they name the "
                                          "val_loss/<name> metrics)"))
+        sc = self.model.scale
+        if not self.optim.scale_wd_invariant and (sc.placement != "dnp" or sc.reparam == "direct"):
+            bad.append(("optim.scale_wd_invariant", "false leaves undecayed the magnitude β of an input-side vector "
+                        "under DNP's inner Norm, and this model has none (model.scale.placement="
+                        f"{sc.placement}, model.scale.reparam={sc.reparam}): set it true, or use placement dnp "
+                        "with reparam or or er"))
         s, t = self.schedule, self.train
         if not 0 <= s.warmup_steps < t.steps:
             bad.append(("schedule.warmup_steps", f"{s.warmup_steps} must lie in [0, train.steps={t.steps})"))
@@ -98,7 +104,8 @@ SCALE_PRESETS = Path(__file__).resolve().parent / "configs" / "scale"
 
 def strategy_of(cfg: RunConfig) -> tuple:
     """What a scale-vector preset decides (configs/scale/*.yaml state all of it)."""
-    return cfg.model.scale, cfg.model.gemma_norms, cfg.optim.scale_weight_decay, cfg.optim.scale_wd_alpha
+    o = cfg.optim
+    return cfg.model.scale, cfg.model.gemma_norms, o.scale_weight_decay, o.scale_wd_alpha, o.scale_wd_invariant
 
 
 @lru_cache(maxsize=1)

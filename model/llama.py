@@ -234,6 +234,41 @@ class Llama(nn.Module):
         assert sorted(names) == sorted(roles), f"roles do not cover the parameters: {set(names) ^ set(roles)}"
         return roles
 
+    def norm_groups(self) -> list[tuple[Norm, list[ScaledLinear | ExpertBranch]]]:
+        """Each Pre-Norm and the linear maps that read its output (docs/paper.md §1.4): attention's q/k/v, the FFN's
+        branches (with MoE the router and the experts too), the final norm's LM head."""
+        out: list[tuple[Norm, list[ScaledLinear | ExpertBranch]]] = []
+        for blk in self.layers:
+            out.append((blk.attn_norm, [blk.attn.q_proj, blk.attn.k_proj, blk.attn.v_proj]))
+            out.append((blk.ffn_norm, [b for _, b in _ffn_branches(blk.mlp)]))
+        out.append((self.norm, [self.lm_head]))
+        return out
+
+    def invariant_magnitudes(self) -> dict[str, torch.Tensor]:
+        """{parameter name: bool mask over it}, True at the magnitude β (OR, ER) of every input-side vector whose
+        every reader normalizes its output first (DNP's inner Norm): the loss does not depend on that β but through
+        the Norm's eps, so it gets almost no gradient, only weight decay (results v4; optim.scale_wd_invariant).
+        A branch's own v counts when its branch has an inner Norm; a norm's shared γ when each of its branches has
+        one (the MoE router has none unless model.scale.router). Direct vectors have no separate magnitude."""
+        vectors = []
+        for norm, branches in self.norm_groups():
+            if norm.scale is not None and all(b.inner is not None for b in branches):
+                vectors.append(norm.scale)
+            vectors += [b.in_scale for b in branches if b.in_scale is not None and b.inner is not None]
+        names = {id(p): n for n, p in self.named_parameters()}
+        masks: dict[str, torch.Tensor] = {}
+        for v in vectors:
+            if v.reparam == "direct":
+                continue
+            beta = v.part("beta") if v.slot is None else v.slot.bank.beta
+            mask = masks.setdefault(names[id(beta)], torch.zeros(beta.shape, dtype=torch.bool))
+            if v.slot is None:
+                mask.fill_(True)
+            else:
+                start, stop = v.slot.ranges["beta"]
+                mask[start:stop] = True
+        return masks
+
     def scale_vectors(self) -> Iterator[tuple[str, ScaleVector]]:
         for name, module in self.named_modules():
             if isinstance(module, ScaleVector):

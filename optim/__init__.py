@@ -43,7 +43,9 @@ def build_optimizer(
     with zero-padded weights (Llama's `logical_shapes`) gives Muon their unpadded shapes for its update scale.
     """
     logical = model.logical_shapes() if hasattr(model, "logical_shapes") else {}
-    groups = param_groups(model.named_parameters(), roles, cfg, logical)
+    invariant = model.invariant_magnitudes() if not cfg.scale_wd_invariant and hasattr(model, "invariant_magnitudes") \
+        else None
+    groups = param_groups(model.named_parameters(), roles, cfg, logical, invariant)
     supported = all(p.device.type in ("cuda", "cpu") for g in groups if g["kind"] == "adamw" for p in g["params"])
     return HybridOptimizer(groups, fused=fused and supported)
 

@@ -53,6 +53,10 @@ class OptimConfig:
     # Note: under OR, β → 0 pulls γ = β·Norm(α) toward 0 like direct decay; under ER, β → 0 pulls the scale e^β
     # toward 1, so ER's "decay" is a pull toward γ = 1, not toward 0.
     scale_wd_alpha: bool = False
+    # Under DNP an input-side vector feeds an inner Norm, so its magnitude β (OR, ER) gets almost no gradient: only
+    # weight decay moves it, toward the Norm's eps (results v4). false leaves those β undecayed (Llama.
+    # invariant_magnitudes says which); it needs model.scale.placement dnp with reparam or / er. [U: an A/B knob]
+    scale_wd_invariant: bool = True
     grad_clip: float = 1.0  # global gradient-norm clip; 0 disables
     muon: MuonConfig = field(default_factory=MuonConfig)
 

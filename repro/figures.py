@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 FIGURES_DIR = Path(__file__).resolve().parent.parent / "configs" / "figures"
-STRATEGY = ("model.scale.", "model.gemma_norms", "optim.scale_weight_decay", "optim.scale_wd_alpha")
+STRATEGY = ("model.scale.", "model.gemma_norms", "optim.scale_weight_decay", "optim.scale_wd_alpha",
+            "optim.scale_wd_invariant")
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,10 @@ def proxy_section(res: Results) -> list[str]:
             out.append(f"| {comp.title} | 0 of {res.plan.seeds} | 0 | – | – | – | – |")
             continue
         passes = [r.passes for r in runs if r.passes is not None]
-        out.append(f"| {comp.title} | {min(len(rs) for rs in per_curve)} of {res.plan.seeds} | {len(runs)} | "
+        unrun = sum(not rs for rs in per_curve)  # a grid read over part of its lrs: its other curves, said apart
+        seeds = f"{min(len(rs) for rs in per_curve if rs)} of {res.plan.seeds}" + (
+            f" ({unrun} curve{'s' if unrun > 1 else ''} not run)" if unrun else "")
+        out.append(f"| {comp.title} | {seeds} | {len(runs)} | "
                    f"{span([r.final_tokens / sizes(r) for r in runs], '.1f')} | "
                    f"{span([r.final_tokens / sizes.both(r)[1] for r in runs], '.1f')} | "
                    f"{span([r.final_eval['step'] for r in runs], ',')} | "
@@ -87,7 +90,8 @@ def proxy_section(res: Results) -> list[str]:
             "(without the input embedding; for MoE all experts; docs/paper.md §3.6); the next column counts every "
             f"parameter, the input embedding too ({span([r.final_tokens / sizes.both(r)[1] for r in every], '.1f')} "
             "over every run): the floor of 10 holds for the first count only. Passes: the loader's count at the "
-            "last logged train step (metrics.jsonl's `epoch`). Seeds: finished, for the curve with the fewest.", ""]
+            "last logged train step (metrics.jsonl's `epoch`). Seeds: finished, for the curve with the fewest of those "
+            "that have run.", ""]
     if not flagged:
         out.append(f"Every one of the {len(every)} finished runs ends at {rules}.")
     else:

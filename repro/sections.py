@@ -409,9 +409,10 @@ def horizon_section(res: Results, img_dir: Path) -> list[str]:
         name = comps[0].title.split(" at ")[0]
         out += [f"### {name}: unified − baseline against tokens per compute parameter", ""]
         points = horizon_points(res, comps)
-        out += ["| × the proxy's tokens | tokens per compute parameter | seeds | best lr (baseline, unified) | "
-                "each at its best lr [95 % CI] | verdict | same lr [95 % CI] | WikiText-2, each at its best |",
-                "|---" * 8 + "|"]
+        if points:
+            out += ["| × the proxy's tokens | tokens per compute parameter | seeds | best lr (baseline, unified) | "
+                    "each at its best lr [95 % CI] | verdict | same lr [95 % CI] | WikiText-2, each at its best |",
+                    "|---" * 8 + "|"]
         for p in points:
             g, best = p.comp.grid, p.best
             lrs = (f"{res.best_lr(p.comp, g.reference)}, {res.best_lr(p.comp, g.ours)}" if best else "–")

@@ -177,3 +177,75 @@ def test_set_lr_respects_lr_scale():
     opt.param_groups[0]["lr_scale"] = 0.5
     set_lr(opt, 1e-3)
     assert [g["lr"] for g in opt.param_groups] == [5e-4, 1e-3, 1e-3]  # muon, adamw/decay, adamw/no_decay (α)
+
+
+# ------------------------------------------------------------------ magnitudes that get no gradient (results v4)
+
+def _unified(moe: bool = False, *overrides: str):
+    from config import load_config, resolve_vocab
+    from model.llama import Llama
+    paths = ["configs/tiny_moe.yaml" if moe else "configs/tiny_cpu.yaml", "configs/scale/unified.yaml"]
+    cfg = load_config(paths, list(overrides))
+    with torch.device("meta"):
+        return cfg, Llama(resolve_vocab(cfg))
+
+
+def test_the_magnitudes_that_only_meet_a_norm():
+    """Unified (HG + DNP + OR, DNP on the LM head): every branch's input-side β feeds an inner Norm, so each block's
+    input bank of β is all invariant, and so is the final norm's β (the head's only vector on that side); no α, no
+    output-side vector. In the MoE the router has no inner Norm (model.scale.router false): its β alone is not."""
+    cfg, model = _unified()
+    masks = model.invariant_magnitudes()
+    banks = {f"layers.{i}.scales.input.beta" for i in range(cfg.model.n_layers)}
+    assert set(masks) == banks | {"norm.scale.beta"}
+    assert all(bool(m.all()) for m in masks.values())
+    assert all(masks[n].shape == p.shape for n, p in model.named_parameters() if n in masks)
+    cfg, moe = _unified(True)
+    masks = moe.invariant_magnitudes()
+    bank = moe.layers[0].scales["input"]
+    router = moe.layers[0].mlp.router.in_scale.slot.ranges["beta"]
+    mask = masks["layers.0.scales.input.beta"]
+    assert not bool(mask[router[0]:router[1]].any()) and int(mask.sum()) == bank.beta.numel() - 1
+    _, routed = _unified(True, "model.scale.router=true")  # the router's logits normalized too: all invariant
+    assert bool(routed.invariant_magnitudes()["layers.0.scales.input.beta"].all())
+
+
+def test_a_masked_group_decays_only_the_entries_that_get_gradient():
+    """optim.scale_wd_invariant false: a bank all invariant joins no_decay; one partly invariant joins
+    adamw/decay_masked, where a zero-gradient step decays exactly the other entries by (1 − lr·wd) and a found_inf
+    step changes nothing; the default keeps every β in adamw/decay."""
+    cfg, model = _unified(True)
+    model = type(model)(model.cfg)  # on the CPU, for real steps
+    model.init_weights(0)
+    roles, masks = model.param_roles(), model.invariant_magnitudes()
+    default = {g["name"] for g in param_groups(model.named_parameters(), roles, cfg.optim, None, masks)}
+    assert "adamw/decay_masked" not in default
+    spare = OptimConfig(lr=LR, weight_decay=WD, scale_weight_decay="iwd", scale_wd_invariant=False)
+    opt = build_optimizer(model, roles, spare, fused=True)
+    names = {id(p): n for n, p in model.named_parameters()}
+    groups = {g["name"]: [names[id(p)] for p in g["params"]] for g in opt.param_groups}
+    assert groups["adamw/decay_masked"] == [f"layers.{i}.scales.input.beta" for i in range(cfg.model.n_layers)]
+    assert "norm.scale.beta" in groups["adamw/no_decay"]
+    bank = dict(model.named_parameters())["layers.0.scales.input.beta"]
+    keep = masks["layers.0.scales.input.beta"]
+    with torch.no_grad():
+        bank.copy_(torch.linspace(0.5, 1.5, bank.numel()))
+    before = bank.detach().clone()
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step(found_inf=torch.ones(()))
+    assert torch.equal(bank, before)
+    set_lr(opt, LR)
+    opt.step(found_inf=torch.zeros(()))
+    expect = torch.where(keep, before, before * (1 - LR * WD))
+    torch.testing.assert_close(bank.detach(), expect, rtol=2 ** -22, atol=0)
+
+
+def test_the_knob_needs_dnp_magnitudes():
+    from config import load_config
+    from kernel.config import ConfigError
+    with pytest.raises(ConfigError, match=r"optim.scale_wd_invariant.*placement=dp.*reparam=or"):
+        load_config(["configs/tiny_cpu.yaml", "configs/scale/hg_dp_or.yaml"], ["optim.scale_wd_invariant=false"])
+    with pytest.raises(ConfigError, match=r"placement=dnp, model.scale.reparam=direct"):
+        load_config(["configs/tiny_cpu.yaml", "configs/scale/hg_dnp.yaml"], ["optim.scale_wd_invariant=false"])
+    load_config(["configs/tiny_cpu.yaml", "configs/scale/unified.yaml"], ["optim.scale_wd_invariant=false"])

@@ -102,6 +102,11 @@ BF16_EXTRA = ("train.dtype=bfloat16", "train.compile=false", "train.steps=3", "t
               "schedule.warmup_steps=1")
 
 
+# optim.scale_wd_invariant=false on a MoE: each block's bank of input-side β decays at the router's entry alone (its
+# only entry outside an inner Norm), so the masked decay runs on a bank FSDP2 shards over the ranks.
+SPARED = ("model.moe={n_experts: 4, top_k: 2, n_shared: 1}", "optim.scale_wd_invariant=false", *fsdp_extra("adamw"))
+
+
 @pytest.fixture(scope="module")
 def two_ranks(data_dir, tmp_path_factory) -> dict[str, tuple[Path, list[str]]]:
     """The 2-rank runs of the tests below, in one launch instead of five: run_ranks' ranks run the commands one after
@@ -110,12 +115,13 @@ def two_ranks(data_dir, tmp_path_factory) -> dict[str, tuple[Path, list[str]]]:
     runs (AdamW and Muon in float64, bf16), and the resume test's uninterrupted run and its twin stopped after step 3
     then continued by the same command. name → (its log.out_dir, its argv)."""
     root = tmp_path_factory.mktemp("two_ranks")
-    dirs = {name: root / name for name in ("fsdp-adamw", "fsdp-muon", "bf16", "full", "part")}
+    dirs = {name: root / name for name in ("fsdp-adamw", "fsdp-muon", "bf16", "full", "part", "spared")}
     runs = {f"fsdp-{o}": args_for(data_dir, dirs[f"fsdp-{o}"], "two", *fsdp_extra(o)) for o in ("adamw", "muon")}
+    runs["spared"] = args_for(data_dir, dirs["spared"], "two", *SPARED)
     runs["bf16"] = args_for(data_dir, dirs["bf16"], "two", *BF16_EXTRA)  # 2 ranks × micro 4 = the same 8 sequences
     runs["full"] = args_for(data_dir, dirs["full"], "full", "train.ckpt_every=2")
     runs["part"] = args_for(data_dir, dirs["part"], "part", "train.ckpt_every=2")
-    run_ranks(2, runs["fsdp-adamw"], runs["fsdp-muon"], runs["bf16"], runs["full"],
+    run_ranks(2, runs["fsdp-adamw"], runs["fsdp-muon"], runs["bf16"], runs["spared"], runs["full"],
               ["--stop-at-step", "3", *runs["part"]], runs["part"])  # stopped after step 3, then the same command
     return {name: (dirs[name], argv) for name, argv in runs.items()}
 
@@ -149,6 +155,28 @@ def test_two_fsdp_ranks_match_one_process(data_dir, tmp_path, optimizer, two_ran
     # magnitude with K ≤ d² = 1024 entries, so 2·K·u₃₂ ≈ 1.2e-4; γ moves ~lr = 3e-3 per step, and a statistic over a
     # rank's half of a vector instead of the whole moves by γ's spread (~1e-2).
     assert all(abs(e1[1][k] - e2[1][k]) <= 2 * 1024 * U32 * max(1.0, abs(e1[1][k])) for k in keys)
+
+
+def test_undecayed_magnitudes_shard_like_their_bank(data_dir, tmp_path, two_ranks):
+    """The masked decay of optim.scale_wd_invariant=false on 2 FSDP2 ranks, each holding part of a β bank and of its
+    mask, matches one process to float64 drift; against the default run, the spared β's keep the decay it took
+    and the router's β does not."""
+    one = args_for(data_dir, tmp_path, "one", "train.micro_batch=8", *SPARED)
+    out, two = two_ranks["spared"]
+    train.main(one)
+    p1, p2 = final_params(tmp_path / "one", one), final_params(out / "two", two)
+    tol = drift_tol(10)
+    assert max(((p1[n] - p2[n]).abs().max() / p1[n].abs().max().clamp_min(1)).item() for n in p1) <= tol
+    default = args_for(data_dir, tmp_path, "decayed", "train.micro_batch=8",
+                       *(a for a in SPARED if not a.startswith("optim.scale_wd_invariant")))
+    train.main(default)
+    p0 = final_params(tmp_path / "decayed", default)
+    # Against the default run, a spared β is off by the decay it skipped, Σ lr_t·wd·β ≈ 0.0171 · 0.1 (β ≈ 1; the
+    # logged lrs of the 10 steps sum to 0.0171), and the router's β by the drift of its gradient alone.
+    lrs = sum(r["lr"] for r in records(tmp_path / "one", "train"))
+    for i in range(2):
+        moved = (p1[f"layers.{i}.scales.input.beta"] - p0[f"layers.{i}.scales.input.beta"]).abs().sort().values
+        assert moved[0] < 1e-5 and all(abs(m / (lrs * 0.1) - 1) < 0.1 for m in moved[1:].tolist()), moved
 
 
 def test_two_fsdp_ranks_bf16_first_steps(data_dir, tmp_path, two_ranks):
