@@ -224,9 +224,10 @@ def count_sentence(res: Results, c: Contrasts) -> str:
     resolved = [r for r in c.basis if r.delta.resolved]
     named = lambda keep: "; ".join(r.title for r, k in zip(c.basis, keep) if k) or "none"  # noqa: E731
     picks = sum(map(is_pick, c.basis + c.dependent))
-    counted = f"{len(c.basis) + len(c.sums) - picks} distinct rows" + (
-        f" and {picks} lr-grid picks (the contrasts that pick a grid's best lr: a design at its best lr against its "
-        "runner-up)" if picks else "")
+    total = len(c.basis) + len(c.sums)
+    counted = f"{total} distinct rows" + (
+        f" and lr-grid picks ({total - picks} rows; {picks} picks: the contrasts that pick a grid's best lr, a design "
+        "at its best lr against its runner-up)" if picks else "")
     return (f"Counting only what is measured once: {len(c.basis)} of the {counted} "
             f"are linearly independent (the other {len(c.sums)} are sums of them: the count below). Of those "
             f"{len(c.basis)}, {len(resolved)} resolve at 95 % one by one; {sum(by_holm)} "

@@ -164,11 +164,11 @@ def test_page_reads_first_and_counts_over_independent_rows(miniature):
     assert "the count below gives the seeds each would need" in text[:plain] \
         and "best lr against best lr for the headline." in text[:plain]
     # Rows that are sums of others (the same plan as the page's): stated, and left out of the tests.
-    independent, distinct, picks, sums = (int(x or 0) for x in re.search(
-        r"(\d+) of the (\d+) distinct rows(?: and (\d+) lr-grid picks \([^)]*\))? are linearly independent \(the "
-        r"other (\d+) are sums", text).groups())
-    assert independent + sums == distinct + picks and distinct == int(re.search(r"Of (\d+) distinct deltas",
-                                                                                  text).group(1))
+    independent, counted, distinct, picks, sums = (int(x or 0) for x in re.search(
+        r"(\d+) of the (\d+) distinct rows(?: and lr-grid picks \((\d+) rows; (\d+) picks[^)]*\))? are linearly "
+        r"independent \(the other (\d+) are sums", text).groups())
+    assert independent + sums == counted == distinct + picks
+    assert distinct == int(re.search(r"Of (\d+) distinct deltas", text).group(1))
     assert picks >= 1  # every grid here has 2 lrs: a pick per design, where it is not a page row already
     for row in ("- *Fig. 5, reparameterization: hg_dnp* = −*Fig. 5, placement: hg_dp* + *Fig. 5, placement: hg_dnp*",
                 "- *Fig. 5, weight decay: hg_dnp_er* = −*Fig. 5, reparameterization: hg_dnp_or* + "
