@@ -267,8 +267,9 @@ def horizon_why() -> list[str]:
         "paper's own curves reorder late. The horizon rungs train the headline comparison at "
         + ", ".join(f"{h}" for h in HORIZONS) + " × the proxy's tokens, by more steps of the same batch (the warmup, "
         "evaluations and checkpoints keep their share of the steps), each horizon with its own lr grid. They run on "
-        "the dense ladder's smallest rung, which reads the corpus 2.5 times at the longest horizon (the headline "
-        "rung would read it 7.5 times), compiled fp32 (repro/comparisons.py, HORIZONS, says why). A verdict *holds* "
+        "the ladders' smallest rungs, dense d32 L4 compiled fp32 and MoE d32 L2 E8 eager, which read the corpus 2.5 "
+        "and 2.7 times at the longest horizon (the dense headline rung would read it 7.5 times; repro/comparisons.py, "
+        "HORIZONS, says why). A verdict *holds* "
         "when the longest horizon's delta is resolved with the shortest's sign and the two differ by less than "
         "Welch's 95 % interval; it *grows* or *shrinks* when they differ by more, *fades* when the longest is "
         "unresolved and *reverses* when it is resolved with the other sign.",
