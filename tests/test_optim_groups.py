@@ -249,3 +249,33 @@ def test_the_knob_needs_dnp_magnitudes():
     with pytest.raises(ConfigError, match=r"placement=dnp, model.scale.reparam=direct"):
         load_config(["configs/tiny_cpu.yaml", "configs/scale/hg_dnp.yaml"], ["optim.scale_wd_invariant=false"])
     load_config(["configs/tiny_cpu.yaml", "configs/scale/unified.yaml"], ["optim.scale_wd_invariant=false"])
+
+
+def test_an_invariant_magnitude_gets_gradient_only_through_eps():
+    """What the knob rests on: each β that Llama.invariant_magnitudes marks reaches the loss only through its Norm's
+    eps. In float64 its gradient scales with eps (100× from eps 1e-9 to 1e-7: the gradient goes as eps/(ms + eps)^k,
+    linear to O(eps/ms), and the Norm inputs' mean squares ms here are ≳ 1e-5, so within 2 %) and vanishes at eps 0,
+    where the unmarked entries (the MoE router's β) keep theirs."""
+    import dataclasses
+
+    from config import load_config, resolve_vocab
+    from model.llama import Llama
+    cfg = load_config(["configs/tiny_moe.yaml", "configs/scale/unified.yaml"],
+                      ["model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.moe.n_experts=4",
+                       "model.moe.top_k=2", "data.tokenizer=bpe:320"])
+    base = resolve_vocab(cfg)
+    tokens = torch.randint(0, base.vocab_size, (2, 17), generator=torch.Generator().manual_seed(0))
+    grads = {}
+    for eps in (1e-7, 1e-9, 0.0):
+        model = Llama(dataclasses.replace(base, norm_eps=eps)).double()
+        model.init_weights(0)
+        model(tokens[:, :-1], tokens[:, 1:]).backward()
+        grads[eps] = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+        masks = model.invariant_magnitudes()
+    for name, mask in masks.items():
+        big, small, none = (grads[e][name][mask] for e in (1e-7, 1e-9, 0.0))
+        assert big.abs().min() > 0
+        torch.testing.assert_close(big, 100 * small, rtol=2e-2, atol=0)
+        assert none.abs().max() <= 1e-9 * big.abs().max()
+        if not bool(mask.all()):  # the router's β: a real gradient at eps 0
+            assert grads[0.0][name][~mask].abs().min() > 1e6 * none.abs().max()
