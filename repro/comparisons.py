@@ -148,20 +148,22 @@ def default_comparisons(lrs: tuple[float, ...]) -> list[Comparison]:
 # takes half the time. The MoE's runs, on Fig. 7's smallest rung (d32 L2 E8, 2.7 passes at 105), stay eager: its
 # unified trained 13k tokens/s eager and 23k compiled, but the compile cost about 100 CPU-s a run (600 steps each,
 # one thread), so the three horizons together cost about the same either way, and eager is the MoE proxy's path.
-# Each horizon has its own lr grid: the best lr moves with the horizon.
+# Each horizon has its own lr grid: the best lr moves with the horizon. Each started at 2e-3..1.6e-2; on 4 seeds unified
+# was best at the edge at 1 × (1.6e-2) and at 10 × (2e-3), so those grids go one lr further (results v4).
 HORIZONS = (1, 3, 10)
-HORIZON_LRS = (2e-3, 4e-3, 8e-3, 1.6e-2)
+HORIZON_LRS = {1: (2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2), 3: (2e-3, 4e-3, 8e-3, 1.6e-2),
+               10: (1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2)}
 HORIZON_DENSE, HORIZON_MOE = DENSE_LADDER[0], MOE_LADDER[0]
 
 
 def horizon_rung(horizon: int, figure: str, run: str, paper: float, shape: Shape,
-                 lrs: tuple[float, ...] = HORIZON_LRS, compiled: bool = True) -> Comparison:
-    """unified − baseline at `shape` over an lr grid, trained `horizon` × the proxy's tokens (compiled fp32 by
-    default, eager for the MoE), at the paper's lr and with each at its best; read against the paper's `paper` as
-    lr_headline's rows are."""
+                 lrs: Optional[tuple[float, ...]] = None, compiled: bool = True) -> Comparison:
+    """unified − baseline at `shape` over an lr grid (HORIZON_LRS[horizon] unless `lrs`), trained `horizon` × the
+    proxy's tokens (compiled fp32 by default, eager for the MoE), at the paper's lr and with each at its best; read
+    against the paper's `paper` as lr_headline's rows are."""
     base, uni = pair(figure, run, None, shape)
     paper_lr = lr_text(load_config(FIGURES[figure].config(base.run)).optim.lr)
-    texts = tuple(lr_text(lr) for lr in sorted(lrs))
+    texts = tuple(lr_text(lr) for lr in sorted(lrs or HORIZON_LRS[horizon]))
     curves = tuple(Curve(f"{design} lr {lr}", figure, c.run, (f"optim.lr={lr}",), f"{c.suffix}-x{horizon}-lr{lr}",
                          shape=shape, horizon=horizon, defaults=("train.compile=true",) if compiled else ())
                    for lr in texts for design, c in (("baseline", base), ("unified", uni)))

@@ -118,7 +118,8 @@ def test_the_horizon_section_reads_each_rung(tmp_path):
             f"-0.0400 [{a.lo:+.4f}, {a.hi:+.4f}] to -0.0100 [{b.lo:+.4f}, {b.hi:+.4f}]; the change {d.mean:+.4f} ± "
             f"{d.half:.4f} (Welch, 95 %): **the verdict shrinks (still resolved)**.") in text
     assert (tmp_path / "img" / "fig6-horizon.png").stat().st_size > 1000
-    assert [lr_text(x) for x in HORIZON_LRS] == ["2e-3", "4e-3", "8e-3", "1.6e-2"]
+    assert [lr_text(x) for x in HORIZON_LRS[3]] == ["2e-3", "4e-3", "8e-3", "1.6e-2"]
+    assert min(HORIZON_LRS[10]) == 1e-3 and max(HORIZON_LRS[1]) == 3.2e-2  # unified's edges on the pilot's 4 seeds
 
 
 def test_the_plain_reading_opens_with_the_longest_horizon(tmp_path):
