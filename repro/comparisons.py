@@ -6,7 +6,7 @@ curve's label, suffix or order renames or reorders run directories of a reproduc
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from config import load_config
@@ -136,6 +136,7 @@ def default_comparisons(lrs: tuple[float, ...]) -> list[Comparison]:
     # The horizon (results v4): the dense headline at HORIZONS × the proxy's tokens, each with its own lr grid.
     out += [horizon_rung(h, "6", "0.12b", mean(FIG6_DELTAS.values()), HORIZON_DENSE) for h in HORIZONS]
     out += [horizon_rung(h, "7", "0.5b", mean(FIG7_DELTAS.values()), HORIZON_MOE, compiled=False) for h in HORIZONS]
+    out.append(magnitudes_ab(max(HORIZONS), MAGNITUDES_LR, HORIZON_DENSE))
     return out
 
 
@@ -175,6 +176,31 @@ def horizon_rung(horizon: int, figure: str, run: str, paper: float, shape: Shape
                       kind="lr_grid", grid=LrGrid("baseline", "unified", texts, paper_lr, paper, paper,
                                                   ("baseline", "unified", "WikiText-2 baseline", "WikiText-2 unified"),
                                                   "unified − baseline", note), horizon=horizon)
+
+
+# The magnitudes only a Norm reads (results v4, item 7). Under DNP an input-side vector feeds its branch's inner Norm,
+# so its magnitude β gets gradient only through the Norm's eps, while IWD decays it (docs/paper.md §1.5–§1.7). The
+# A/B: unified at the longest horizon and at its best lr on the pilot's 4 seeds, with IWD as today against IWD that
+# leaves those β undecayed (optim.scale_wd_invariant=false); and the same run in bf16, whose telemetry shows the
+# magnitudes under bf16 rounding (runtime/telemetry.py logs every β at each evaluation).
+MAGNITUDES_KEY = "fig6-magnitudes"
+MAGNITUDES_LR = 2e-3
+
+
+def magnitudes_ab(horizon: int, lr: float, shape: Shape) -> Comparison:
+    """unified at `horizon` × the proxy's tokens and `lr`: IWD as today (the horizon rung's own runs), the
+    magnitudes only a Norm reads undecayed, and bf16."""
+    _, uni = pair("6", "0.12b", None, shape)
+    lr_t = lr_text(lr)
+    today = Curve("unified, IWD as today", "6", uni.run, (f"optim.lr={lr_t}",), f"{uni.suffix}-x{horizon}-lr{lr_t}",
+                  shape=shape, horizon=horizon, defaults=("train.compile=true",))
+    spared = replace(today, label="unified, those β undecayed",
+                     overrides=today.overrides + ("optim.scale_wd_invariant=false",), suffix=today.suffix + "-spared")
+    bf16 = replace(today, label="unified, bf16", overrides=today.overrides + ("train.dtype=bfloat16",),
+                   suffix=today.suffix + "-bf16")
+    return Comparison(MAGNITUDES_KEY, f"The magnitudes only a Norm reads, dense ({shape.label}) at {horizon} × the "
+                      f"proxy's tokens, unified at lr {lr_t}", "docs/paper.md §1.5–§1.7 (no paper value)",
+                      (today, spared, bf16))
 
 
 def fig1_grid(lrs: tuple[float, ...]) -> LrGrid:

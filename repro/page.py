@@ -19,7 +19,8 @@ from repro.figures import FIGURES
 from repro.measure import Results
 from repro.reading import CENTRAL, MDE_FLOOR, count_section, plain_reading, retuned_done, short_of_power
 from runs import Run
-from repro.sections import horizon_families, horizon_section, ladder_section, lr_grid_section, panel_section
+from repro.sections import (horizon_families, horizon_section, ladder_section, lr_grid_section, magnitudes_section,
+                            panel_section)
 from repro.sources import all_prefix, composition_lines, eval_read, source_table
 
 class Sizes:
@@ -152,6 +153,8 @@ def write_page(plan: Plan, where: dict, page: Path, cpu: dict[str, float], wiki:
         "",
         *count_section(res, orderings),
         *(["## The horizon", "", *horizon_why(), "", *horizon_section(res, img_dir)] if horizon_families(res) else []),
+        *(["## The magnitudes only a Norm reads", "", *magnitudes] if (magnitudes := magnitudes_section(res, img_dir))
+          else []),
         "## The comparisons",
         "",
         *body,

@@ -174,7 +174,7 @@ def plot_horizon(series: dict[str, list[tuple[float, object]]], paper, title: st
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for i, (label, points) in enumerate(series.items()):
-        pts = sorted((x, s) for x, s in points if s is not None)
+        pts = sorted(((x, s) for x, s in points if s is not None), key=lambda p: p[0])
         if not pts:
             continue
         xs = [x * (1.03 if i else 1.0) for x, _ in pts]  # the second series a little to the right, readable
@@ -187,5 +187,28 @@ def plot_horizon(series: dict[str, list[tuple[float, object]]], paper, title: st
     if paper is not None:
         ax.axhline(paper, color="black", ls="--", lw=0.8, label=f"the paper's Δ ({paper:+.4f})")
     _log_x(ax, "tokens per compute parameter", "Δ final val loss (95 % CI over seeds)", title)
+    _save(fig, plt, out)
+    return out
+
+
+def plot_trajectories(panels: dict[str, dict[str, tuple[list[float], list[list[float]]]]], title: str,
+                      out: Path) -> Path:
+    """One small plot per site: each curve's magnitude β against tokens per compute parameter (log x), the mean over
+    seeds as the line and their min–max as the band; `panels` maps a site to {curve: (xs, values per seed)}."""
+    plt = _pyplot()
+    cols = 2
+    rows = (len(panels) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(11, 3.2 * rows), squeeze=False)
+    for ax, (site, curves) in zip(axes.flat, panels.items()):
+        for label, (xs, seeds) in curves.items():
+            v = np.array(seeds)  # (seeds, evaluations)
+            line = ax.plot(xs, v.mean(0), label=label)[0]
+            if len(seeds) > 1:
+                ax.fill_between(xs, v.min(0), v.max(0), color=line.get_color(), alpha=0.2)
+        ax.axhline(0.0, color="gray", lw=0.8)
+        _log_x(ax, "tokens per compute parameter", "magnitude β", site)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    fig.suptitle(title, fontsize=10)
     _save(fig, plt, out)
     return out

@@ -227,8 +227,11 @@ def size(figure_config: Path, shape: Shape, overrides: tuple[str, ...] = (), hor
     SEQ_LEN as that allows (at least one). `horizon` multiplies the tokens by training more steps of the same batch
     (warmup, evaluations and checkpoints keep their share of the steps): a longer run of the same experiment, not a
     larger batch, which would change the number of updates and the lr that suits them."""
+    # The strategy's own keys stay the baseline's: an override of them (optim.scale_wd_invariant=false) changes the
+    # run's strategy, not the sizes its proxy is measured against.
+    sizing = [o for o in overrides if not o.startswith(("model.scale.", "optim.scale_wd_invariant="))]
     base = load_config([figure_config, PROXY, Path("configs/scale/baseline.yaml")],
-                       [*shape.overrides(), "model.d_ffn=null", *overrides])  # the default FFN (Fig. 10's + 8 aside)
+                       [*shape.overrides(), "model.d_ffn=null", *sizing])  # the default FFN (Fig. 10's + 8 aside)
     n = compute_params(base)
     target = TOKENS_PER_PARAM * n
     rows = max(1, math.floor(target / (MIN_STEPS * SEQ_LEN)))

@@ -31,7 +31,7 @@ CENTRAL = (("Dense unified vs baseline, the 0.12B proxy", "fig6-ladder", DENSE.l
            ("Muon, dense", "fig8-muon", "unified"), ("WSD, dense", "fig9-wsd", "unified"),
            ("Muon, MoE", "fig8-muon_moe", "unified"), ("WSD, MoE", "fig9-wsd_moe", "unified"))
 MDE_FLOOR = 0.02  # a central claim's seeds aim at an MDE at or below the larger of the paper's |Δ| and this
-PILOT_SEEDS = 4  # the first round of every curve (the plan's seeds), from which the stopping rule starts
+PILOT_SEEDS = 4  # the first round of every curve (the plan's seeds): each row's n is fixed from these (planned_seeds)
 # The headline at each design's best lr: (what it is, the lr grid's comparison key).
 RETUNED = (("Dense unified vs baseline, each at its best lr", "fig6-best_lr"),
            ("MoE unified vs baseline, each at its best lr", "fig7-best_lr"))
@@ -339,12 +339,14 @@ def power_lines(res: Results) -> list[str]:
            f"{MDE_FLOOR:g}, solved from MDE = (t₀.₉₇₅ + t₀.₈₀, n − 1 degrees of freedom) · sd / √n with the paired sd "
            "these runs measured (itself a rough estimate from so few seeds). A row short of its target trains more "
            "seeds of its two curves alone: `python -m repro.results --seeds N --only '<comparison>/<curve>' …`. "
-           "Seeds are added in rounds until a row meets its target: a stopping rule that reads the paired sd alone, "
-           "never the delta's sign or its p. Each lr grid's row with both designs at their best lr follows the "
+           f"Each row's n is fixed from its pilot, the first {PILOT_SEEDS} seeds, before its final runs: the fewest "
+           f"seeds (at least {PILOT_SEEDS}) whose MDE at the pilot's paired sd meets the target. The row then trains "
+           "exactly n, whatever its later deltas say, so its interval keeps its nominal 95 % (a rule that stops when "
+           "the sd looks low would not). Each lr grid's row with both designs at their best lr follows the "
            "central claims for reference; its seeds would train the two best lrs' curves, and which lr is best is "
            "itself read from the seeds.",
            "",
-           "| claim | row | seeds | paired sd | MDE now | paper Δ | target MDE | seeds for it | the rule stops at |",
+           "| claim | row | seeds | paired sd | MDE now | paper Δ | target MDE | seeds for it now | the pilot's n |",
            "|---|---|---|---|---|---|---|---|---|"]
     # Each lr grid's best-lr-against-best-lr row (and Fig. 1's own second row), for reference: not
     # a central claim, so it sets no target the opening reports, and its best lrs are themselves read from the seeds.
@@ -356,36 +358,45 @@ def power_lines(res: Results) -> list[str]:
         paper = f"{r.paper:+.4f}" if r.paper is not None else "–"
         sd = f"{r.delta.sd:.4f}" if r.delta and r.delta.n >= 2 else "–"
         mde = f"{r.delta.mde:.4f}" if r.delta and r.delta.n >= 2 else "–"
-        stop = rule_stop(res.paired(r.comparison, r.ours, r.ref), target)
+        plan = planned_seeds(res.paired(r.comparison, r.ours, r.ref), target)
         out.append(f"| {name} | {r.title} | {r.delta.n if r.delta else 0} | {sd} | {mde} | {paper} | {target:.4f} | "
-                   f"{need if need is not None else '–'} | {stop if stop is not None else 'not yet'} |")
+                   f"{need if need is not None else '–'} | {plan if plan is not None else 'no pilot yet'} |")
     return out + [""] + beyond_rule_lines(res, rows + best) + variance_lines(res, [r for _, r in rows])
 
 
-def rule_stop(deltas: list[float], target: float) -> Optional[int]:
-    """Where the page's stopping rule, applied as written seed by seed, stops: the first n ≥ PILOT_SEEDS whose MDE
-    from the first n paired deltas' sd is at most `target`; None if it has not stopped within the seeds run."""
-    for n in range(PILOT_SEEDS, len(deltas) + 1):
-        sd = stat(deltas[:n]).sd
-        if mde_at(sd, n) <= target:
-            return n
-    return None
+def planned_seeds(deltas: list[float], target: float) -> Optional[int]:
+    """The page's rule: a row's n, fixed from its pilot (the first PILOT_SEEDS paired deltas) as the fewest seeds, at
+    least PILOT_SEEDS, whose MDE at the pilot's sd is at most `target`; None before the pilot has run."""
+    if len(deltas) < PILOT_SEEDS:
+        return None
+    need = seeds_for(stat(deltas[:PILOT_SEEDS]).sd, target)
+    return max(PILOT_SEEDS, need) if need is not None else None
+
+
+# Rows whose seeds went past their pilot's n before the rule was fixed: results v3 added seeds round by round under a
+# stopping rule it did not always follow. Said on the page of any archive that holds such a row.
+BEYOND_PLAN_WHY = ("results v3 added them round by round, and the rounds went to rows whose reading was in doubt at "
+                   "the time (contradicting the paper, or unresolved), so their n was chosen from the data")
 
 
 def beyond_rule_lines(res: Results, named: list[tuple[str, Row]]) -> list[str]:
-    """The rows that ran more seeds than the stated rule gives, each said plainly: their n was chosen otherwise."""
-    extra = []
+    """The rows whose seeds differ from their pilot's n, each said plainly: above it, their n was chosen otherwise;
+    below it, they are short of their plan."""
+    extra, short = [], []
     for _, r in named:
         deltas = res.paired(r.comparison, r.ours, r.ref)
-        stop = rule_stop(deltas, target_mde(r))
-        if stop is not None and len(deltas) > stop:
-            extra.append(f"{r.title} ran {len(deltas)} where the rule stops at {stop}")
-    if not extra:
-        return ["Every row's seeds are where the stated rule, replayed seed by seed on its own paired deltas from the "
-                f"first {PILOT_SEEDS}, stops or has not stopped yet.", ""]
-    return [f"Replayed seed by seed on each row's own paired deltas from the first {PILOT_SEEDS}, the stated rule "
-            f"stops before the seeds these rows ran, so their n was not set by the rule as written (the seeds beyond "
-            f"it were chosen otherwise, and the page does not record why): " + "; ".join(extra) + ".", ""]
+        plan = planned_seeds(deltas, target_mde(r))
+        if plan is not None and len(deltas) > plan:
+            extra.append(f"{r.title} ran {len(deltas)} where its pilot gives {plan}")
+        elif plan is not None and len(deltas) < plan:
+            short.append(f"{r.title} has {len(deltas)} of {plan}")
+    out = []
+    if extra:
+        out += [f"These rows ran more seeds than their pilot's n ({BEYOND_PLAN_WHY}); their intervals are read as "
+                "they are, and their n is not the rule's: " + "; ".join(extra) + ".", ""]
+    if short:
+        out += ["Short of their pilot's n (the runs to come): " + "; ".join(short) + ".", ""]
+    return out or ["Every row has run exactly the seeds its pilot fixed.", ""]
 
 
 TAIL_EVALS = (3, 5)  # the last evaluations averaged, against the last one alone

@@ -34,9 +34,9 @@ def test_the_headline_grids_and_their_x1_runs_are_the_rungs():
     seeds = 2
     plan = Plan(seeds)
     uniques, where = plan_runs(plan, "runs/x")
-    # after the others, so no run is renamed; only the horizon rungs come after them
-    assert [c.key for c in plan.comparisons[-8:]] == ["fig6-best_lr", "fig7-best_lr"] + [
-        f"fig{f}-horizon_x{h}" for f in (6, 7) for h in (1, 3, 10)]
+    # after the others, so no run is renamed; only the horizon rungs and the magnitudes' A/B come after them
+    assert [c.key for c in plan.comparisons[-9:]] == ["fig6-best_lr", "fig7-best_lr"] + [
+        f"fig{f}-horizon_x{h}" for f in (6, 7) for h in (1, 3, 10)] + ["fig6-magnitudes"]
     by_name = {u.job.run_name: u for u in uniques}
     for key, ladder, shape, figure, run in HEADLINES:
         comp = comparison(plan, key)
@@ -76,8 +76,9 @@ def test_only_selects_the_new_runs_of_item_5(capsys):
     assert len(picked) == 8 * 4
     assert sum(u.job.run_name.startswith("fig1-baseline-tiny-lr") for u in picked) == 2 * 4
     # the headline grids add 6 runs per seed (dense unified ×½ ×2, MoE's four); Fig. 1's 1.6e-2 and the MoE's ×4
-    # 4 more, the horizon rungs 54 (5 lrs at 1 × and 10 ×, 4 at 3 ×; 2 of the MoE's 1 × runs are the ladder's)
-    assert len(uniques) == (42 + 4 + 54) * 4
+    # 4 more, the horizon rungs 54 (5 lrs at 1 × and 10 ×, 4 at 3 ×; 2 of the MoE's 1 × runs are the ladder's), the
+    # magnitudes' A/B 2 (its IWD-as-today curve is the 10 × rung's unified run)
+    assert len(uniques) == (42 + 4 + 54 + 2) * 4
     assert results.main(["--dry-run", "--out-dir", "runs/x", "--only", *only]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 32
 

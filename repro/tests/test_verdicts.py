@@ -394,16 +394,27 @@ def test_wikitext_beside_a_central_row_and_every_resolved_flip_named():
     assert sign_flips([flip, kept, open_]) == [flip]
 
 
-def test_the_stopping_rule_replayed_seed_by_seed():
-    """The page's rule as written: the first n ≥ 4 seeds whose paired sd gives an MDE at or below the target; the
-    seeds a row ran beyond it are said plainly."""
-    from repro.reading import PILOT_SEEDS, rule_stop
+def test_each_rows_n_is_fixed_from_its_pilot(monkeypatch):
+    """The page's rule as written: n is fixed from the first 4 paired deltas' sd (the fewest seeds, at least 4, whose
+    MDE meets the target), and later deltas never change it; rows above or below their n are said plainly."""
+    from types import SimpleNamespace
+
+    from repro.reading import PILOT_SEEDS, beyond_rule_lines, planned_seeds
     from repro.significance import mde_at
-    steady = [0.01, -0.01, 0.01, -0.01, 0.01, -0.01, 0.01, -0.01]  # sd ≈ 0.0107 at every n ≥ 4
-    target = mde_at(stat(steady[:6]).sd, 6)  # met first at 6 seeds, exactly
-    assert mde_at(stat(steady[:5]).sd, 5) > target and PILOT_SEEDS == 4
-    assert rule_stop(steady, target) == 6 and rule_stop(steady[:5], target) is None
-    assert rule_stop(steady, 1.0) == PILOT_SEEDS  # the pilot itself meets a loose target: no seed is ever below it
+    pilot = [0.01, -0.01, 0.01, -0.01]
+    sd = stat(pilot).sd
+    target = mde_at(sd, 6)  # met first at 6 seeds, exactly
+    assert mde_at(sd, 5) > target and PILOT_SEEDS == 4
+    assert planned_seeds(pilot, target) == 6 and planned_seeds(pilot[:3], target) is None
+    assert planned_seeds(pilot + [0.5, -0.5, 0.5], target) == 6  # the later spread leaves n as the pilot fixed it
+    assert planned_seeds(pilot, 1.0) == PILOT_SEEDS  # a loose target: never fewer than the pilot itself
+    rows = {n: SimpleNamespace(title=f"row {n}", paper=None, comparison=None, ours=n, ref=None) for n in (4, 6, 9)}
+    res = SimpleNamespace(paired=lambda comp, ours, ref: (pilot * 3)[:ours])
+    monkeypatch.setattr("repro.reading.target_mde", lambda r: target)
+    text = " ".join(beyond_rule_lines(res, [("", r) for r in rows.values()]))
+    assert beyond_rule_lines(res, [("", rows[6])]) == ["Every row has run exactly the seeds its pilot fixed.", ""]
+    assert "row 9 ran 9 where its pilot gives 6" in text and "their n was chosen from the data" in text
+    assert "Short of their pilot's n (the runs to come): row 4 has 4 of 6." in text
 
 
 def test_a_central_row_says_whether_it_survives_holm():
