@@ -24,12 +24,17 @@ from repro.stats import (ALPHA, CONSISTENT, CONTRADICTS, FAR, LARGER, REPRODUCES
                          UNINFORMATIVE, VERDICTS, far, fmt, ratio, stat, verdict_class)
 from repro.versions import V1, V2, PastPage
 
-# The paper's central claims: (what it is, comparison key, row label or its start).
-CENTRAL = (("Dense unified vs baseline, the 0.12B proxy", "fig6-ladder", DENSE.label),
-           ("MoE unified vs baseline, the 0.5B proxy", "fig7-ladder", MOE.label),
-           ("Fig. 1, without vs with scale vectors at the same lr", "fig1-lr_grid", "same lr"),
+# The paper's central claims: (what it is, comparison key, row label or its start). The paper compares designs each
+# at a tuned lr (docs/paper.md §2.1; Fig. 1's second panel, §4.1), so where an lr grid measures a claim its central
+# row is each design at its best lr; the same-lr rows follow it as SECONDARY.
+CENTRAL = (("Dense unified vs baseline, the 0.12B proxy, each at its best lr", "fig6-best_lr", "each at its best lr"),
+           ("MoE unified vs baseline, the 0.5B proxy, each at its best lr", "fig7-best_lr", "each at its best lr"),
+           ("Fig. 1, without vs with scale vectors, each at its best lr", "fig1-lr_grid", "each at its best lr"),
            ("Muon, dense", "fig8-muon", "unified"), ("WSD, dense", "fig9-wsd", "unified"),
            ("Muon, MoE", "fig8-muon_moe", "unified"), ("WSD, MoE", "fig9-wsd_moe", "unified"))
+SECONDARY = (("Dense unified vs baseline, the 0.12B proxy, at the paper's lr", "fig6-ladder", DENSE.label),
+             ("MoE unified vs baseline, the 0.5B proxy, at the paper's lr", "fig7-ladder", MOE.label),
+             ("Fig. 1, without vs with scale vectors at the same lr", "fig1-lr_grid", "same lr"))
 MDE_FLOOR = 0.02  # a central claim's seeds aim at an MDE at or below the larger of the paper's |Δ| and this
 PILOT_SEEDS = 4  # the first round of every curve (the plan's seeds): each row's n is fixed from these (planned_seeds)
 # The headline at each design's best lr: (what it is, the lr grid's comparison key).
@@ -64,14 +69,21 @@ def is_pick(r: Row) -> bool:
     return r.label.endswith("(the lr pick)")
 
 
-def central_rows(res: Results) -> list[tuple[str, Row]]:
+def central_rows(res: Results, claims=CENTRAL) -> list[tuple[str, Row]]:
+    """Each claim that has its row, with that row (one that reads an earlier row's runs, as a grid's best-vs-best row
+    does when both designs are best at the same lr, stands for it)."""
     out = []
-    for name, key, label in CENTRAL:
-        row = next((r for r in res.rows if r.comparison.key == key and r.same_as is None
+    for name, key, label in claims:
+        row = next((r for r in res.rows if r.comparison.key == key
                     and (r.label == label or r.label.startswith(label + " ("))), None)
         if row is not None:
             out.append((name, row))
     return out
+
+
+def first(res: Results, r: Row) -> Row:
+    """The page's first row with r's runs: the one the count and Holm's correction hold."""
+    return r if r.same_as is None else next(x for x in res.rows if x.title == r.same_as)
 
 
 def delta_text(r: Row) -> str:
@@ -123,10 +135,17 @@ def plain_reading(res: Results) -> list[str]:
     holm_of = holm_verdicts(contrasts(family(res)))
     out = horizon_lines(res, holm_of)
     out += ["The paper's central claims" + (f" at the proxy's {TOKENS_PER_PARAM:g} tokens per compute parameter"
-                                            if out else "") + ", each one row of the tables below:", ""]
-    out += [f"- {name}: {delta_text(r)}: **{verdict_class(r.delta, r.paper)}**{holm_of.get(id(r), '')}"
-            f"{wiki_text(r)}." for name, r in central_rows(res)]
-    out += retuned_lines(res, holm_of)
+                                            if out else "") + ", each one row of the tables below, each design at "
+            "its best lr where an lr grid measures it:", ""]
+    rows_of = dict(central_rows(res))
+    planned = {c.key for c in res.plan.comparisons}
+    out += [claim_line(res, name, rows_of.get(name), holm_of) for name, key, _ in CENTRAL if key in planned]
+    secondary = central_rows(res, SECONDARY)
+    if secondary:
+        out += ["", "At the paper's lr, for each grid's claim (secondary: the paper tuned its lr for the baseline):",
+                ""]
+        out += [f"- {name}: {delta_text(r)}: **{verdict_class(r.delta, r.paper)}**"
+                f"{holm_of.get(id(first(res, r)), '')}{wiki_text(r)}." for name, r in secondary]
     out.append("")
     for head, what, classes in GROUPS:
         group = [r for r in rows if verdict_class(r.delta, r.paper) in classes]
@@ -184,23 +203,22 @@ def retuned_done(res: Results) -> bool:
     return bool(rows) and all(len(r) == 2 and r[1].delta is not None and r[1].delta.n >= RETUNED_SEEDS for r in rows)
 
 
-def retuned_lines(res: Results, holm_of: Optional[dict[int, str]] = None) -> list[str]:
-    """The headline with each design at its best lr (repro/sections.py, lr_grid_section), beside the same-lr delta:
-    one line per grid whose every lr of both designs has run; nothing for one that has not. `holm_of`: what
-    Holm's correction says of a basis row (`holm_verdicts`)."""
-    out = []
-    for name, comp in retuned_grids(res):
-        rows = res.rows_of(comp)
-        if len(rows) < 2:
-            continue
-        (same, best), g = rows, comp.grid
-        lrs = f"of {', '.join(res.ran_lrs(comp))}: {g.ours} {res.best_lr(comp, g.ours)}, {g.reference} " \
-              f"{res.best_lr(comp, g.reference)}"
-        out.append(f"- {name} ({lrs}): {delta_text(best)}: **{verdict_class(best.delta, best.paper)}**"
-                   f"{(holm_of or {}).get(id(best), '')}; at the same "
-                   f"lr ({g.same}) {fmt(same.delta, True)}: {lead_after_retuning(g, same.delta, best.delta)}."
-                   f"{grid_edge(res, comp)}")
-    return out
+def claim_line(res: Results, name: str, r: Optional[Row], holm_of: dict[int, str]) -> str:
+    """A central claim in one line: its delta, label, Holm verdict and WikiText-2 delta; a grid's best-vs-best row
+    adds the lrs it picked, the same-lr delta and what retuning did to the lead."""
+    if r is None:
+        return f"- {name}: not measured yet (its runs have not finished)."
+    head = f"- {name}"
+    tail = ""
+    comp = r.comparison
+    if comp.kind == "lr_grid" and r.label.startswith("each at its best lr"):
+        g, same = comp.grid, res.rows_of(comp)[0]
+        head += (f" (of {', '.join(res.ran_lrs(comp))}: {g.ours} {res.best_lr(comp, g.ours)}, {g.reference} "
+                 f"{res.best_lr(comp, g.reference)})")
+        tail = (f"; at the same lr ({g.same}) {fmt(same.delta, True)}: "
+                f"{lead_after_retuning(g, same.delta, r.delta)}.{grid_edge(res, comp)}")
+    return (f"{head}: {delta_text(r)}: **{verdict_class(r.delta, r.paper)}**{holm_of.get(id(first(res, r)), '')}"
+            f"{wiki_text(r)}" + (tail or "."))
 
 
 def holm_verdicts(c: Contrasts) -> dict[int, str]:
@@ -342,16 +360,19 @@ def power_lines(res: Results) -> list[str]:
            f"Each row's n is fixed from its pilot, the first {PILOT_SEEDS} seeds, before its final runs: the fewest "
            f"seeds (at least {PILOT_SEEDS}) whose MDE at the pilot's paired sd meets the target. The row then trains "
            "exactly n, whatever its later deltas say, so its interval keeps its nominal 95 % (a rule that stops when "
-           "the sd looks low would not). Each lr grid's row with both designs at their best lr follows the "
-           "central claims for reference; its seeds would train the two best lrs' curves, and which lr is best is "
-           "itself read from the seeds.",
+           "the sd looks low would not). A grid's claim is read with each design at its best lr, picked on the "
+           "pilot's seeds, so its n trains the two best lrs' curves. The same-lr rows follow (secondary), then each "
+           "other lr grid's best-vs-best row for reference.",
            "",
            "| claim | row | seeds | paired sd | MDE now | paper Δ | target MDE | seeds for it now | the pilot's n |",
            "|---|---|---|---|---|---|---|---|---|"]
     # Each lr grid's best-lr-against-best-lr row (and Fig. 1's own second row), for reference: not
     # a central claim, so it sets no target the opening reports, and its best lrs are themselves read from the seeds.
+    central = {key for _, key, _ in CENTRAL}
     best = [("Best lr against best lr (for reference)", grid[1]) for comp in res.plan.comparisons
-            if comp.kind == "lr_grid" and len(grid := res.rows_of(comp)) == 2 and grid[1].delta is not None]
+            if comp.kind == "lr_grid" and comp.key not in central and len(grid := res.rows_of(comp)) == 2
+            and grid[1].delta is not None]
+    rows += [(f"{name} (secondary)", r) for name, r in central_rows(res, SECONDARY)]
     for name, r in rows + best:
         target = target_mde(r)
         need: Optional[int] = seeds_for(r.delta.sd, target) if r.delta and r.delta.n >= 2 else None

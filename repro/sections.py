@@ -500,8 +500,8 @@ def magnitudes_section(res: Results, img_dir: Path) -> list[str]:
         return [f"Not run yet. `python -m repro.results --only {comp.key}` trains it.", ""]
     out = [f"{comp.title}. Under DNP the vector on a linear map's input side feeds the branch's inner Norm, so its "
            "magnitude β (OR's) reaches the loss only through that Norm's eps, while IWD decays it. The runs log every "
-           "such β at each evaluation (runtime/telemetry.py); the table reads them, the same seeds in every column "
-           "where each curve has them (" + ", ".join(f"{k}: {n} seeds" for k, n in runs.items()) + ").", ""]
+           "such β at each evaluation (runtime/telemetry.py); the table reads them, each column over its curve's "
+           "finished seeds (" + "; ".join(f"{k}: {n}" for k, n in runs.items()) + ").", ""]
     for row in res.rows_of(comp):
         if row.delta is not None:
             out.append(f"- {row.ours.label} − {row.ref.label}: {fmt(row.delta, True)} on the validation loss "

@@ -136,4 +136,4 @@ def test_the_plain_reading_opens_with_the_longest_horizon(tmp_path):
     assert "**right sign, smaller**; survives Holm over the " in head and "; on WikiText-2 -0.0100 [" in head
     assert "Both designs' best lr is the grid's smallest (2e-3)" in head and "**the verdict shrinks (still " in head
     assert lines[4] == ("The paper's central claims at the proxy's 10.5 tokens per compute parameter, each one row of "
-                        "the tables below:")
+                        "the tables below, each design at its best lr where an lr grid measures it:")

@@ -22,12 +22,12 @@ SEEDS = 2
 # 11 Fig. 5 runs; Fig. 1's grid at 2 lrs less its baseline at 4e-3 (Fig. 5's); Fig. 6's ladder less its d64 L4
 # rung (Fig. 5's baseline and hg_dnp_or_iwd); Figs. 8 and 9, dense and MoE; Fig. 7's 3 rungs; the headline lr grids
 # less their ×1 runs (the rungs'): dense less its baseline at 8e-3 (Fig. 1's), MoE at ×½, ×2 and ×4; the horizon
-# rungs' grid of 4 lrs, one experiment for every horizon here (2 steps each), less the pair that is a ladder rung's
-# (dense at 4e-3, MoE at 2e-3): per seed.
-EXPERIMENTS = 11 + 3 + 6 + 4 + 4 + 6 + 3 + 6 + 6 + 6
+# rungs' 6 lrs (1e-3 to 3.2e-2 over the three grids), one experiment for every horizon here (2 steps each), less the
+# pair that is a ladder rung's (dense at 4e-3, MoE at 2e-3); the magnitudes' undecayed and bf16 runs: per seed.
+EXPERIMENTS = 11 + 3 + 6 + 4 + 4 + 6 + 3 + 6 + 10 + 10 + 2
 # Fig. 5's deltas, Fig. 1's two, Fig. 6's rungs, Figs. 8 and 9, Fig. 7's rungs, the headline grids' and the six
-# horizon rungs' two each
-ROWS = 12 + 2 + 4 + 4 + 3 + 4 + 12
+# horizon rungs' two each, the magnitudes' two
+ROWS = 12 + 2 + 4 + 4 + 3 + 4 + 12 + 2
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +137,7 @@ def test_page_numbers_come_from_the_runs(miniature):
     images = re.findall(r"\]\((img/results/[^)]+)\)", text)
     for image in images:
         assert (page.parent / image).stat().st_size > 1000
-    assert len(images) == 23  # 19 comparisons + 2 scaling laws + the two horizon plots
+    assert len(images) == 25  # 20 comparisons + 2 scaling laws + the two horizon plots + the magnitudes' trajectories
 
 
 def test_page_reads_first_and_counts_over_independent_rows(miniature):
@@ -188,7 +188,7 @@ def test_page_reads_first_and_counts_over_independent_rows(miniature):
     cell = re.compile(r"\| ([+-]\d\.\d{4}) \[([+-]\d\.\d{4}), ([+-]\d\.\d{4})\] \| ([+-]\d\.\d{4}) \| [^|]* \| "
                       r"(\d\.\d{4}) \| [^|]* \| ([^|]+) \|")
     labels = cell.findall(text)
-    assert len(labels) == distinct
+    assert len(labels) == distinct - 2  # the magnitudes' two rows have no paper value, so no label
     for mean, lo, hi, paper, mde, label in labels:
         lo, hi, paper, mde = float(lo), float(hi), float(paper), float(mde)
         if lo > 0 or hi < 0:
@@ -199,10 +199,12 @@ def test_page_reads_first_and_counts_over_independent_rows(miniature):
                         "cannot tell at this power" if mde > abs(paper) else "undecided at this power")
         assert expected in label, (mean, lo, hi, paper, mde, label)
     power = text.split("### Power on the central claims")[1].split("###")[0]
-    rows = [line for line in power.splitlines() if line.startswith("| ") and "Fig." in line]
+    rows = [line for line in power.splitlines() if line.startswith("| ") and not line.startswith("| claim |")]
     reference = [line for line in rows if line.startswith("| Best lr against best lr (for reference) |")]
-    assert len(rows) - len(reference) == 7  # the central claims, then each lr grid's best-vs-best row (Figs. 1, 6, 7)
-    assert len(reference) == 3 and all("each at its best lr (" in line for line in reference)
+    secondary = [line for line in rows if "(secondary) |" in line]
+    # the 7 central claims (Figs. 1, 6, 7 each at its best lr), the 3 same-lr rows, then the horizon grids' best rows
+    assert len(rows) - len(reference) - len(secondary) == 7 and len(secondary) == 3
+    assert len(reference) == 6 and all("each at its best lr (" in line for line in reference)
     for ladder in ("Fig. 6", "Fig. 7"):
         section = text.split(f"### {ladder}, unified vs baseline")[1].split("\n### ")[0]
         assert "95 % bootstrap over seeds" in section
@@ -404,8 +406,9 @@ def test_every_planned_run_is_sized_by_the_proxy_rules():
     from repro.runner import plan_runs
     uniques, _ = plan_runs(Plan(4), "runs/results")
     # Fig. 1 at 1.6e-2 and the MoE headline at ×4: 2 runs each; the horizon rungs: 4 lrs of 2 designs at each
-    # horizon, dense and MoE, less the MoE's ×1 pair at 2e-3 (the d32 L2 E8 rung's)
-    assert len(uniques) == (42 + 4 + 6 * 8 - 2) * 4
+    # horizon, dense and MoE, a fifth lr at 1 × and 10 ×, less the MoE's ×1 pair at 2e-3 (the d32 L2 E8 rung's); the
+    # magnitudes' A/B 2 (its IWD-as-today curve is the 10 × rung's unified run)
+    assert len(uniques) == (42 + 4 + 6 * 8 + 8 - 2 + 2) * 4
     ratios = {}
     for u in uniques:
         cfg = config_of(u.job.argv)

@@ -108,8 +108,9 @@ def test_mixture_runs_state_their_composition_and_each_sources_loss(tmp_path):
     assert text.startswith("**The eval set.** " + said[0]) and "Still the v2 runs" not in text
     # Dense WSD's paired deltas do not spread (MDE 0): powered; the other 6 central claims have no runs here.
     assert "Not done yet: the seeds that would power 6 of the paper's central claims (Dense unified vs baseline, " \
-           "the 0.12B proxy; MoE unified vs baseline, the 0.5B proxy; Fig. 1, without vs with scale vectors at the " \
-           "same lr; Muon, dense; Muon, MoE; WSD, MoE; the count below" in text
+           "the 0.12B proxy, each at its best lr; MoE unified vs baseline, the 0.5B proxy, each at its best lr; Fig. " \
+           "1, without vs with scale vectors, each at its best lr; Muon, dense; Muon, MoE; WSD, MoE; the count " \
+           "below" in text
     table = source_table(res, comp)
     assert "| per source | mixture (val loss) | shakespeare | kjv |" in table
     base = {m: stat([res.runs_of(comp, comp.curves[0])[s].final_eval[m] for s in range(SEEDS)])
