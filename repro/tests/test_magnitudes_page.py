@@ -1,6 +1,6 @@
-"""The results page's section on the magnitudes only a Norm reads (results v4, item 7; repro/sections.py,
-magnitudes_section), on synthetic runs: the A/B's delta, and each β at the end, the smallest on the way and the seeds
-whose β changed sign, read from the telemetry every evaluation logs."""
+"""The results page's section on the magnitudes only a Norm reads (results v4, item 7; repro/magnitude_section.py),
+on synthetic runs: the A/B's delta, and each β at the end, the smallest on the way and the seeds whose β changed
+sign, read from the telemetry every evaluation logs."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ from config import load_config
 from repro.comparisons import HORIZON_DENSE, MAGNITUDES_KEY, Plan, magnitudes_ab
 from repro.measure import Results
 from repro.proxy import compute_params
-from repro.sections import magnitudes_section
+from repro.magnitude_section import magnitudes_section
 
 SEEDS = 3
 # per curve label: (final val loss, β of the LM head's site, β of layer 0's q_proj per seed), at tokens 0, 50, 100
@@ -56,7 +56,7 @@ def test_the_magnitudes_section_reads_the_telemetry(tmp_path):
     assert (tmp_path / "img" / f"{MAGNITUDES_KEY}.png").stat().st_size > 1000
     # tokens per compute parameter on the plot's x axis: the run's own N
     n = compute_params(load_config("configs/tiny_cpu.yaml"))
-    from repro.sections import trajectories
+    from repro.magnitude_section import trajectories
     assert trajectories(res, comp)["magnitude/head/norm"]["unified, IWD as today"].xs == [0.0, 50 / n, 100 / n]
 
 

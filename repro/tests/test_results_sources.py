@@ -160,7 +160,7 @@ def test_the_variance_table_measures_tail_averaging_and_pairing(tmp_path):
     averaged, and the unpaired sd of the same runs with the curves' correlation. In this panel both curves rise
     with the seed alike: pairing removes all of the spread (paired sd 0, ρ = +1), which unpaired would be √2 ·
     the curves' sd."""
-    from repro.reading import TAIL_EVALS, correlation, variance_lines
+    from repro.variance import TAIL_EVALS, correlation, variance_lines
     res, comp = panel(tmp_path)
     row = next(r for r in res.rows if r.comparison is comp)
     lines = variance_lines(res, [row])
