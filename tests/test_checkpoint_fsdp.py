@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime.checkpoint import latest_checkpoint, load_checkpoint, load_model_weights, save_checkpoint
-from multiproc import free_port, spawn
+from multiproc import Rendezvous, spawn
 
 VOCAB, D, WORLD = 37, 16, 2  # odd vocab: the embedding / head rows shard unevenly (19 + 18)
 
@@ -63,11 +63,11 @@ def _full_params(model: nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def _worker(rank: int, port: int, run_dir: str) -> None:
+def _worker(rank: int, rdzv: Rendezvous, run_dir: str) -> None:
     torch.set_num_threads(1)  # 2 ranks on 2 cores; also avoids hangs in forked/spawned workers
     # FSDP2 flags every module output that is a view (Linear on 3-D input); this model does no in-place ops.
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(rdzv.port(rank)))
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     try:
         ckpt_dir = Path(run_dir) / "checkpoints"
@@ -104,7 +104,7 @@ def _worker(rank: int, port: int, run_dir: str) -> None:
 def two_rank_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert dist.is_available(), "this torch build lacks torch.distributed, which training needs"
     run_dir = tmp_path_factory.mktemp("fsdp_run")
-    spawn(_worker, (free_port(), str(run_dir)), nprocs=WORLD)
+    spawn(_worker, (Rendezvous.new(), str(run_dir)), nprocs=WORLD)
     return run_dir
 
 

@@ -17,7 +17,7 @@ from test_moe_train import MOE, moe_state
 from runtime.checkpoint import checkpoint_tensors, latest_checkpoint
 from runtime.rundir import LOCK_FILE
 from runtime.trainer import accumulation_steps, aux_regrouped
-from multiproc import free_port, spawn
+from multiproc import Rendezvous, spawn
 from test_train import _error_worker, _skip_worker, args_for, data_dir, records, run_ranks  # noqa: F401 - data_dir is a fixture
 
 # What one rank count against another may differ by. Only the order of the sums over rows changes with the layout
@@ -133,7 +133,7 @@ def test_the_skipped_step_count_carries_across_a_rank_change(data_dir, tmp_path,
     import model.llama
     monkeypatch.setattr(model.llama, "head_loss", model.llama.head_loss)  # a worker's poison never reaches here
     argv = args_for(data_dir, tmp_path, "r", "train.on_nonfinite=skip", "train.ckpt_every=2", "train.eval_every=100")
-    spawn(_skip_worker, (2, free_port(), ["--stop-at-step", "4", *argv]), nprocs=2)
+    spawn(_skip_worker, (2, Rendezvous.new(), ["--stop-at-step", "4", *argv]), nprocs=2)
     train.main(argv)
     recs = records(tmp_path / "r", "train")
     assert [(r["step"], r["world_size"], r["skipped_steps"]) for r in recs] == [
@@ -150,7 +150,7 @@ def test_a_resume_onto_three_ranks_is_refused_and_changes_nothing(elastic_runs, 
     def files() -> dict:  # the run's files; its lock (runtime/rundir.py) is taken and released empty, as by any start
         return {p: p.stat().st_mtime_ns for p in run_dir.rglob("*") if p.is_file() and p.name != LOCK_FILE}
     before = files()
-    spawn(_error_worker, (3, free_port(), run.last, tmp_path), nprocs=3)
+    spawn(_error_worker, (3, Rendezvous.new(), run.last, tmp_path), nprocs=3)
     for rank in range(3):
         assert (tmp_path / f"rank{rank}.txt").read_text() == (
             "ConfigError: train.global_batch: 8 is not a multiple of micro_batch × world size = 2 × 3 = 6; no "

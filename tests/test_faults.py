@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import train
-from multiproc import free_port, spawn
+from multiproc import Rendezvous, spawn
 from runtime.checkpoint import CheckpointError, latest_checkpoint
 from test_train import _worker, args_for, data_dir, final_params, records  # noqa: F401 - data_dir is a fixture
 
@@ -33,11 +33,11 @@ def fill_disk_at(marker: str) -> None:
     os.fsync = fsync
 
 
-def _full_disk_worker(rank: int, world: int, port: int, argv: list[str], out: Path, failing_rank: int) -> None:
+def _full_disk_worker(rank: int, world: int, rdzv: Rendezvous, argv: list[str], out: Path, failing_rank: int) -> None:
     if rank == failing_rank:
         fill_disk_at(".tmp-step_00000004")
     try:
-        _worker(rank, world, [port], [argv])
+        _worker(rank, world, rdzv, [argv])
         (out / f"rank{rank}.txt").write_text("finished")
     except CheckpointError as e:
         (out / f"rank{rank}.txt").write_text(str(e))
@@ -54,7 +54,7 @@ def test_full_disk_during_a_checkpoint_keeps_the_previous_one(data_dir, tmp_path
             train.main(argv)
         messages = [str(e.value)]
     else:
-        spawn(_full_disk_worker, (world, free_port(), argv, tmp_path, failing_rank), nprocs=world, timeout=120)
+        spawn(_full_disk_worker, (world, Rendezvous.new(), argv, tmp_path, failing_rank), nprocs=world, timeout=120)
         messages = [(tmp_path / f"rank{r}.txt").read_text() for r in range(world)]
     ckpts = tmp_path / "full" / "checkpoints"
     for m in messages:  # every rank stopped, each saying what failed and how to resume

@@ -265,13 +265,13 @@ def test_an_unpadded_run_resumes_padded_with_the_same_command(data_dir, tmp_path
 
 # ---------------------------------------------------------------------------------------- FSDP2 (DTensors)
 
-def _fsdp_worker(rank: int, port: int, out: str) -> None:
+def _fsdp_worker(rank: int, rdzv: Rendezvous, out: str) -> None:
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     from runtime.build import build_training_model
     torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(rdzv.port(rank)))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
         full = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -301,5 +301,5 @@ def _fsdp_worker(rank: int, port: int, out: str) -> None:
 
 
 def test_two_rank_unpadded_checkpoint_loads_into_padded_shards(tmp_path):
-    from multiproc import free_port, spawn
-    spawn(_fsdp_worker, (free_port(), str(tmp_path / "ckpt")), nprocs=2)
+    from multiproc import Rendezvous, spawn
+    spawn(_fsdp_worker, (Rendezvous.new(), str(tmp_path / "ckpt")), nprocs=2)

@@ -28,14 +28,14 @@ from model.config import Role
 from optim import build_optimizer, clip_grad_norm, lr_at, set_lr
 from optim.muon import Muon, NSSpec, zeropower_via_newtonschulz
 from optim.muon_dist import assign_owners, ns_cost, plan_buckets
-from multiproc import free_port, spawn
+from multiproc import Rendezvous, spawn
 
 WORLD = 2
 
 
-def _entry(rank: int, port: int, fn, args: tuple) -> None:
+def _entry(rank: int, rdzv: Rendezvous, fn, args: tuple) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{rdzv.port(rank)}", rank=rank, world_size=WORLD,
                             timeout=datetime.timedelta(seconds=60))
     try:
         fn(rank, *args)
@@ -48,7 +48,7 @@ def _entry(rank: int, port: int, fn, args: tuple) -> None:
 
 
 def _spawn(fn, *args) -> None:
-    spawn(_entry, (free_port(), fn, args), nprocs=WORLD)
+    spawn(_entry, (Rendezvous.new(), fn, args), nprocs=WORLD)
 
 
 def _in_turn(rank: int, out: str, jobs: list[tuple]) -> None:

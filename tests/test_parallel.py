@@ -19,7 +19,7 @@ from kernel.config import ConfigError
 from model.config import ModelConfig, MoEConfig, ScaleConfig
 from model.llama import Llama
 from runtime.parallel import CheckpointedBlock, apply_activation_checkpointing
-from multiproc import free_port, spawn
+from multiproc import Rendezvous, spawn
 
 VOCAB, SEQ = 61, 12  # an odd vocabulary: the embedding and head rows shard unevenly over 2 ranks
 DENSE = dict(d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, d_ffn=48, vocab_size=VOCAB)
@@ -183,10 +183,10 @@ def _run(rank: int, spec: dict, train: dict) -> tuple[list[float], dict[str, tor
     return losses, full
 
 
-def _worker(rank: int, port: int, out: str) -> None:
+def _worker(rank: int, rdzv: Rendezvous, out: str) -> None:
     torch.set_num_threads(1)  # 2 ranks on 2 cores; also avoids hangs in spawned workers
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(rdzv.port(rank)))
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     try:
         results = {name: _run(rank, spec, train) for name, spec, train in RUNS}
@@ -200,7 +200,7 @@ def _worker(rank: int, port: int, out: str) -> None:
 @pytest.fixture(scope="module")
 def two_rank_results(tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("parallel")
-    spawn(_worker, (free_port(), str(out)), nprocs=WORLD)
+    spawn(_worker, (Rendezvous.new(), str(out)), nprocs=WORLD)
     return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
 
 

@@ -14,7 +14,7 @@ import pytest
 
 import train
 from kernel.config import ConfigError
-from multiproc import free_port, spawn
+from multiproc import Rendezvous, spawn
 from runtime.checkpoint import CheckpointError
 from runtime.rundir import LOCK_FILE, RunDirError, lock_run_dir
 from test_train import _error_worker, args_for, data_dir, final_params, records  # noqa: F401 - data_dir is a fixture
@@ -65,7 +65,7 @@ def test_train_py_refuses_a_busy_run_directory_before_touching_it(data_dir, tmp_
 
 def test_every_rank_of_a_launch_is_refused(data_dir, tmp_path, held):  # noqa: F811
     run_dir, proc = held
-    spawn(_error_worker, (2, free_port(), args_for(data_dir, tmp_path, "busy"), tmp_path), nprocs=2, timeout=120)
+    spawn(_error_worker, (2, Rendezvous.new(), args_for(data_dir, tmp_path, "busy"), tmp_path), nprocs=2, timeout=120)
     for rank in range(2):
         assert (tmp_path / f"rank{rank}.txt").read_text().startswith(f"RunDirError: {run_dir} is in use by pid")
 

@@ -18,7 +18,7 @@ from data.prepare import prepare
 from runtime.trainer import NonFiniteError
 from model.llama import build_model
 from runtime.checkpoint import checkpoint_tensors, latest_checkpoint, load_model_weights
-from multiproc import free_port, spawn
+from multiproc import Rendezvous, free_port, spawn
 from train_harness import (U32, U64, _error_worker, _worker, args_for, data_dir, drift_tol, final_params,  # noqa: F401
                            logged_loss_tol, records, run_dtype, run_ranks)  # re-exported; data_dir is a fixture
 
@@ -197,7 +197,7 @@ def test_rank0_data_error_reaches_every_rank(tmp_path):
     """A data problem found by rank 0 is raised on every rank with the same message: nobody hangs."""
     argv = ["--config", "configs/tiny_cpu.yaml", f"data.dir={tmp_path / 'missing'}", f"data.source={tmp_path}/x.txt",
             "log.wandb.mode=disabled", f"log.out_dir={tmp_path}", "train.device=cpu", "train.dtype=float32"]
-    spawn(_error_worker, (2, free_port(), argv, tmp_path), nprocs=2)
+    spawn(_error_worker, (2, Rendezvous.new(), argv, tmp_path), nprocs=2)
     messages = [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)]
     assert messages[0] == messages[1] and messages[0].startswith("SourceError: source") and "x.txt" in messages[0]
 
@@ -263,10 +263,10 @@ def test_nonfinite_loss_stops_before_checkpoint(data_dir, tmp_path, monkeypatch)
     assert latest_checkpoint(tmp_path / "nan" / "checkpoints").name.endswith("2")  # the poisoned state never saved
 
 
-def _skip_worker(rank: int, world: int, port: int, argv: list[str]) -> None:
+def _skip_worker(rank: int, world: int, rdzv: Rendezvous, argv: list[str]) -> None:
     if rank == 0:
         poison({3}, micro_per_step=1)  # only rank 0's loss is NaN: the all-reduced loss tells every rank to skip
-    _worker(rank, world, [port], [argv])
+    _worker(rank, world, rdzv, [argv])
 
 
 @pytest.mark.parametrize("world", [1, 2])
@@ -281,7 +281,7 @@ def test_nonfinite_step_is_skipped_on_every_rank(data_dir, tmp_path, monkeypatch
         poison({3})
         train.main(argv)
     else:
-        spawn(_skip_worker, (world, free_port(), argv), nprocs=world)
+        spawn(_skip_worker, (world, Rendezvous.new(), argv), nprocs=world)
     recs = records(tmp_path / "skip", "train")
     assert [r["skipped_steps"] for r in recs] == [0, 0, 1, 1, 1, 1]
     assert recs[2]["loss"] is None and recs[2]["grad_norm"] is None and recs[3]["loss"] > 0
@@ -443,7 +443,7 @@ def test_epochs_are_logged_and_a_repeat_warns(tmp_path, shakespeare_text, capsys
     assert "times; prepare more" in err and f"step {first_repeat} started epoch 2" in err
 
 
-def _term_worker(rank: int, world: int, port: int, argv: list[str]) -> None:
+def _term_worker(rank: int, world: int, rdzv: Rendezvous, argv: list[str]) -> None:
     if rank == 0:  # only rank 0 is asked to stop, during the forward of step 3
         import model.llama
         real, calls = model.llama.head_loss, {"n": 0}
@@ -456,14 +456,14 @@ def _term_worker(rank: int, world: int, port: int, argv: list[str]) -> None:
             return real(*args, **kwargs)
 
         model.llama.head_loss = terminating
-    _worker(rank, world, [port], [argv])
+    _worker(rank, world, rdzv, [argv])
 
 
 def test_a_stop_seen_by_one_rank_stops_every_rank_at_the_same_step(data_dir, tmp_path):
     """SIGTERM reaches rank 0 alone: the stop request crosses to rank 1 through the host-side consensus
     (runtime/dist.py, StopConsensus), both finish step 3, checkpoint it together and exit cleanly."""
     argv = args_for(data_dir, tmp_path, "term2", "train.micro_batch=2", "train.ckpt_every=100", "train.eval_every=100")
-    spawn(_term_worker, (2, free_port(), argv), nprocs=2)
+    spawn(_term_worker, (2, Rendezvous.new(), argv), nprocs=2)
     assert records(tmp_path / "term2", "train")[-1]["step"] == 3
     assert latest_checkpoint(tmp_path / "term2" / "checkpoints").name == "step_00000003"
 

@@ -16,7 +16,7 @@ from data.config import DataConfig
 from data.prepare import prepare
 from model.llama import build_model
 from runtime.checkpoint import latest_checkpoint, load_model_weights
-from multiproc import free_port, spawn
+from multiproc import Rendezvous, spawn
 
 
 @pytest.fixture(scope="module")
@@ -66,23 +66,23 @@ def final_params(run_dir: Path, argv: list[str]) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def _worker(rank: int, world: int, ports: list[int], runs: list[list[str]]) -> None:
+def _worker(rank: int, world: int, rdzv: Rendezvous, runs: list[list[str]]) -> None:
     torch.set_num_threads(1)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1")
-    for port, argv in zip(ports, runs):  # e.g. a stopped run, then the same command again
+    for i, argv in enumerate(runs):  # e.g. a stopped run, then the same command again
         # A fresh port per run: the first run's rendezvous store may outlive its process group for a moment,
         # and a second group meeting on the same port could read its stale keys and hang.
-        os.environ["MASTER_PORT"] = str(port)
+        os.environ["MASTER_PORT"] = str(rdzv.port(rank, i))
         train.main(argv)
 
 
 def run_ranks(world: int, *runs: list[str]) -> None:
-    spawn(_worker, (world, [free_port() for _ in runs], list(runs)), nprocs=world)
+    spawn(_worker, (world, Rendezvous.new(), list(runs)), nprocs=world)
 
 
-def _error_worker(rank: int, world: int, port: int, argv: list[str], out: Path) -> None:
+def _error_worker(rank: int, world: int, rdzv: Rendezvous, argv: list[str], out: Path) -> None:
     try:
-        _worker(rank, world, [port], [argv])
+        _worker(rank, world, rdzv, [argv])
     except Exception as e:  # noqa: BLE001 - recorded for the test to inspect
         (out / f"rank{rank}.txt").write_text(f"{type(e).__name__}: {e}")
 
