@@ -135,7 +135,8 @@ def default_comparisons(lrs: tuple[float, ...]) -> list[Comparison]:
     out.append(lr_headline("fig7-best_lr", "Fig. 7", "7", "0.5b", mean(FIG7_DELTAS.values()), MOE, MOE_LR_FACTORS))
     # The horizon (results v4): the dense headline at HORIZONS × the proxy's tokens, each with its own lr grid.
     out += [horizon_rung(h, "6", "0.12b", mean(FIG6_DELTAS.values()), HORIZON_DENSE) for h in HORIZONS]
-    out += [horizon_rung(h, "7", "0.5b", mean(FIG7_DELTAS.values()), HORIZON_MOE, compiled=False) for h in HORIZONS]
+    out += [horizon_rung(h, "7", "0.5b", mean(FIG7_DELTAS.values()), HORIZON_MOE, MOE_HORIZON_LRS[h],
+                         compiled=h == max(HORIZONS)) for h in HORIZONS]
     out.append(magnitudes_ab(max(HORIZONS), MAGNITUDES_LR, HORIZON_DENSE))
     return out
 
@@ -146,21 +147,26 @@ def default_comparisons(lrs: tuple[float, ...]) -> list[Comparison]:
 # compute parameters) reads 2.5 passes of the corpus at 105, where the d64 L4 headline would read 7.5 (MAX_PASSES is
 # 4). Its runs are compiled fp32: unified at d32 L4 trained 34k tokens/s compiled against 11–22k eager (one thread
 # each, side by side, 400 steps, on a 2-core Xeon; the compile costs about 45 CPU-s a run), so the 10 × run
-# takes half the time. The MoE's runs, on Fig. 7's smallest rung (d32 L2 E8, 2.7 passes at 105), stay eager: its
-# unified trained 13k tokens/s eager and 23k compiled, but the compile cost about 100 CPU-s a run (600 steps each,
-# one thread), so the three horizons together cost about the same either way, and eager is the MoE proxy's path.
-# Each horizon has its own lr grid: the best lr moves with the horizon. Each started at 2e-3..1.6e-2; on 4 seeds unified
-# was best at the edge at 1 × (1.6e-2) and at 10 × (2e-3), so those grids go one lr further (results v4).
+# takes half the time. The MoE's runs are on Fig. 7's smallest rung (d32 L2 E8, 2.7 passes at 105). Its unified
+# trained 13k tokens/s eager and 23k compiled, and the compile cost about 100 CPU-s a run (600 steps each, one thread):
+# eager is cheaper at 1 × (about 120 CPU-s a run), even at 3 ×, and compiled saves about 30 % at 10 × (about 730
+# CPU-s eager), so only the 10 × rung compiles.
+# Each horizon has its own lr grid: the best lr moves with the horizon. Each dense grid started at 2e-3..1.6e-2; on 4
+# seeds unified was best at the edge at 1 × (1.6e-2) and at 10 × (2e-3), so those grids go one lr further (results
+# v4). Dense, the best lrs moved down with the horizon (unified 1.6e-2, 4e-3, 2e-3); the MoE's grids are 3 lrs
+# around the paper's 2e-3 that follow that move, a third of the cost of 5 at the 10 × rung, which holds 80 % of the
+# MoE horizon's CPU time; a grid whose best lr is its edge is extended before its seeds are planned.
 HORIZONS = (1, 3, 10)
 HORIZON_LRS = {1: (2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2), 3: (2e-3, 4e-3, 8e-3, 1.6e-2),
                10: (1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2)}
+MOE_HORIZON_LRS = {1: (2e-3, 4e-3, 8e-3), 3: (2e-3, 4e-3, 8e-3), 10: (1e-3, 2e-3, 4e-3)}
 HORIZON_DENSE, HORIZON_MOE = DENSE_LADDER[0], MOE_LADDER[0]
 
 
 def horizon_rung(horizon: int, figure: str, run: str, paper: float, shape: Shape,
                  lrs: Optional[tuple[float, ...]] = None, compiled: bool = True) -> Comparison:
     """unified − baseline at `shape` over an lr grid (HORIZON_LRS[horizon] unless `lrs`), trained `horizon` × the
-    proxy's tokens (compiled fp32 by default, eager for the MoE), at the paper's lr and with each at its best; read
+    proxy's tokens (compiled fp32 unless `compiled` is false), at the paper's lr and with each at its best; read
     against the paper's `paper` as lr_headline's rows are."""
     base, uni = pair(figure, run, None, shape)
     paper_lr = lr_text(load_config(FIGURES[figure].config(base.run)).optim.lr)

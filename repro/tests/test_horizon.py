@@ -11,7 +11,8 @@ import pytest
 
 from config import load_config
 from repro import proxy
-from repro.comparisons import HORIZON_DENSE, HORIZON_LRS, HORIZONS, Plan, horizon_rung, lr_text
+from repro.comparisons import (HORIZON_DENSE, HORIZON_LRS, HORIZON_MOE, HORIZONS, MOE_HORIZON_LRS, Plan,
+                               horizon_rung, lr_text)
 from repro.experiments import config_of
 from repro.measure import Results
 from repro.runner import plan_runs
@@ -44,6 +45,10 @@ def test_a_horizon_trains_more_steps_of_the_same_batch():
     tokens = base.train.steps * base.train.global_batch * base.data.seq_len
     assert tokens / proxy.compute_params(base) >= 100
     assert tokens <= proxy.MAX_PASSES * proxy.BUILTIN_BPE1024_TRAIN_TOKENS
+    moe = {h: config_of(by_name[where[(f"fig7-horizon_x{h}/unified lr 2e-3", 0)].name].job.argv) for h in HORIZONS}
+    assert [moe[h].train.compile for h in HORIZONS] == [False, False, True]  # the compile pays only at 10 ×
+    assert all(moe[h].model.moe.n_experts == HORIZON_MOE.n_experts for h in HORIZONS)
+    assert all(2e-3 in MOE_HORIZON_LRS[h] and len(MOE_HORIZON_LRS[h]) == 3 for h in HORIZONS)  # the paper's lr in each
     eager = Plan(1, overrides=("train.compile=false",))
     uniques, where = plan_runs(eager, "runs/x")
     run = where[("fig6-horizon_x10/baseline lr 4e-3", 0)].name
