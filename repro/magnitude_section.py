@@ -92,7 +92,9 @@ def magnitudes_section(res: Results, img_dir: Path) -> list[str]:
                    + " | ".join(f"{t.smallest:.3g}" if t else "–" for t in cells) + " | "
                    + " | ".join(f"{t.crossed} of {len(t.seeds)}" if t else "–" for t in cells) + " |")
     out += ["", "How close each Norm's input comes to eps needs the run's checkpoint, which the archive does not keep: "
-            "`python -m repro.magnitudes RUN_DIR` prints it, with Adam's step on each β.", ""]
+            "`python -m repro.magnitudes RUN_DIR` prints it, with Adam's step on each β and where that step comes "
+            "from: the true gradient's mean/rms in float64 on training batches, and the fp32 and bf16 gradients' "
+            "rounding error against it.", ""]
     today = comp.curves[0].label
     order = sorted((k for k in sites if today in sites[k] and not k.startswith("magnitude/head/")),
                    key=lambda k: abs(sites[k][today].end))
