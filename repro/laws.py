@@ -206,10 +206,17 @@ class LadderLaw:
         return sum(self.log_multipliers) / len(self.log_multipliers)
 
 
+# A law L = a·C^b has 2 parameters: through 2 rungs it is a line through two points, with nothing left to test it.
+# 3 rungs leave 1 residual degree of freedom per law (results v4, item 6).
+MIN_RUNGS = 3
+
+
 def ladder_law(rungs: list[Rung], reference: str, other: str) -> Optional[LadderLaw]:
-    """The laws of the seed means and of each seed's own losses (None: fewer than two rungs with both)."""
+    """The laws of the seed means and of each seed's own losses (None: fewer than MIN_RUNGS rungs with both)."""
     rungs = sorted((r for r in rungs if r.losses.get(reference) and r.losses.get(other)),
                    key=lambda r: r.c(reference))
+    if len(rungs) < MIN_RUNGS:
+        return None
     means = {k: [(r.c(k), sum(r.losses[k].values()) / len(r.losses[k])) for r in rungs] for k in (reference, other)}
     fits = _fits(means)
     if fits is None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 from repro.comparisons import Comparison, Curve, LrGrid
-from repro.laws import (LadderLaw, Rung, ladder_law, pflops_days, ratio_text, times, times_interval,
+from repro.laws import (MIN_RUNGS, LadderLaw, Rung, ladder_law, pflops_days, ratio_text, times, times_interval,
                         times_text)
 from repro.measure import CurvePanel, Results, Row, lr_curve
 from repro.plotting import draw_deltas, plot_horizon, plot_law
@@ -247,7 +247,7 @@ def ladder_rungs(res: Results, comp: Comparison) -> list[Optional[LadderRung]]:
 
 
 def law_of(res: Results, comp: Comparison) -> Optional[LadderLaw]:
-    """The ladder's laws (repro/laws.py), None with fewer than two rungs measured."""
+    """The ladder's laws (repro/laws.py), None with fewer than MIN_RUNGS rungs measured."""
     return ladder_law([r.rung for r in ladder_rungs(res, comp) if r], "baseline", "unified")
 
 
@@ -270,6 +270,10 @@ def ladder_section(res: Results, comp: Comparison, img_dir: Path) -> list[str]:
             "", "A rung has no paper size of its own: its Δ is read against the mean of the paper's sizes ("
             + ", ".join(f"{k.upper()} {v:+.4f}" for k, v in comp.paper_sizes) + f"; {comp.cite}).", ""]
     law = ladder_law(rungs, "baseline", "unified")
+    measured = sum(1 for r in rungs if r.losses.get("baseline") and r.losses.get("unified"))
+    if law is None and measured:
+        out += [f"No law yet: a power law has 2 parameters, so it needs {MIN_RUNGS} or more rungs with both "
+                f"strategies (repro/laws.py, MIN_RUNGS); {measured} measured.", ""]
     if law is not None:
         out += law_lines(law, comp.paper_multiplier)
         pts = {k: [(r.c(k), sum(r.losses[k].values()) / len(r.losses[k])) for r in rungs if r.losses.get(k)]

@@ -369,6 +369,8 @@ def test_a_crossing_inside_the_range_and_too_few_seeds():
     assert one.parallel is None and one.log_headline is None
     assert "fewer than two seeds" in "\n".join(law_lines(one, None))
     assert ladder_law(synthetic_ladder(ref, other, [100]), "baseline", "unified") is None  # one rung: no law
+    # two rungs: a line through two points, nothing left to test it (results v4, item 6)
+    assert ladder_law(synthetic_ladder(ref, other, [100, 1000]), "baseline", "unified") is None
 
 
 def test_stat_of_values():
