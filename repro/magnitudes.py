@@ -101,7 +101,9 @@ def beta_grads(model: Llama, batches: list[torch.Tensor]) -> dict[str, torch.Ten
     for tokens in batches:
         model.zero_grad(set_to_none=True)
         logits = model(tokens[:, :-1])  # (rows, seq, vocab)
-        torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten()).backward()
+        if logits.dtype == torch.bfloat16:  # the loss in fp32, as training's head computes it
+            logits = logits.float()
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).backward()
         for n in names:
             param, entries = params[n]
             out[n].append(param.grad.flatten()[entries].double().clone())
