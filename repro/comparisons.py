@@ -75,7 +75,7 @@ FIG1_SAME_LR, FIG1_BEST_LR = +0.0285, +0.0149  # docs/paper.md §4.1: without �
 FIG8_DELTA, FIG8_MOE_DELTA = -0.0156, -0.0188  # docs/paper.md §4.7: Dense-0.12B, MoE-0.5B, unified − baseline
 FIG9_DELTA, FIG9_MOE_DELTA = -0.0269, -0.0186  # docs/paper.md §4.8
 LR_FACTORS = (0.5, 1.0, 2.0)  # the headline at ×½, ×1 and ×2 of the paper's lr
-MOE_LR_FACTORS = (0.5, 1.0, 2.0, 4.0)  # the MoE's: both designs were best at ×2, the edge (results v3)
+MOE_LR_FACTORS = (0.5, 1.0, 2.0, 4.0, 8.0)  # the MoE's: both designs were best at the edge, ×2 (v3), then ×4 (v4)
 
 
 @dataclass
@@ -131,7 +131,7 @@ def default_comparisons(lrs: tuple[float, ...]) -> list[Comparison]:
     # The headline rungs over ×½, ×1, ×2 of the paper's lr, appended so that no run directory of
     # the comparisons above is renamed or reordered; the ×1 curves are the ladders' rungs, the same run directories.
     out.append(lr_headline("fig6-best_lr", "Fig. 6", "6", "0.12b", mean(FIG6_DELTAS.values()), DENSE))
-    # The MoE's grid goes to ×4: at ×2 both designs were best at the grid's edge (results v3).
+    # The MoE's grid goes to ×8: both designs were best at the grid's edge, at ×2 (results v3), then at ×4 (v4).
     out.append(lr_headline("fig7-best_lr", "Fig. 7", "7", "0.5b", mean(FIG7_DELTAS.values()), MOE, MOE_LR_FACTORS))
     # The horizon (results v4): the dense headline at HORIZONS × the proxy's tokens, each with its own lr grid.
     out += [horizon_rung(h, "6", "0.12b", mean(FIG6_DELTAS.values()), HORIZON_DENSE) for h in HORIZONS]
