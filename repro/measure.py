@@ -5,9 +5,10 @@ A *row* is one delta of the page: ours − reference in the final validation los
 the same pair of run directories for every seed are one measurement (Fig. 1's "each at its best lr" when both best
 lrs are the "same lr" pair; a headline lr grid's same-lr row, which is its ladder's rung): the page shows it once and
 counts it once. A run directory read by several comparisons (Fig. 5's baseline is Fig. 1's at lr 4e-3 and a rung of
-Fig. 6's ladder) is one run, marked where it is shared. An lr grid picks each design's best lr over the seeds that
-have run at every lr of the grid that both designs have run, and has no rows until both have run its same lr and
-one more.
+Fig. 6's ladder) is one run, marked where it is shared. An lr grid picks each design's best lr on its pilot: the first
+PILOT_SEEDS seeds, of those that have run at every lr of the grid that both designs have run. Seeds trained later, to
+power the best-vs-best row, never move the pick. A grid has no rows until both designs have run its same lr and one
+more.
 """
 from __future__ import annotations
 
@@ -18,6 +19,15 @@ from typing import Optional
 from repro.comparisons import Comparison, Curve, Plan
 from runs import Run, load_run
 from repro.stats import Stat, stat, verdict
+
+PILOT_SEEDS = 4  # the first round of every curve (the plan's seeds): lr picks and each row's n are fixed from these
+
+
+def pick_seeds(finals: dict[str, dict[int, float]]) -> set[int]:
+    """The seeds an lr grid's pick reads: those finished at every lr of `finals` ({lr: {seed: final loss}}), and of
+    them the pilot's (seed < PILOT_SEEDS), so each lr's mean is over the same seeds and later seeds never move it."""
+    common = set.intersection(*(set(f) for f in finals.values())) if finals else set()
+    return {s for s in common if s < PILOT_SEEDS}
 
 FROM_TOKENS = 1  # curves start at the first evaluation after step 0: losses at init differ by design (DNP's Norm)
 
@@ -118,11 +128,11 @@ class Results:
                    runs)
 
     def best_lr(self, comp: Comparison, design: str) -> Optional[str]:
-        """An lr grid's lr where `design` ends lowest: the mean final val loss over the seeds finished at every lr of
-        the grid (so each lr's mean is over the same seeds); None until one seed is."""
+        """An lr grid's lr where `design` ends lowest: the mean final val loss over the pilot's seeds finished at every
+        lr of the grid (pick_seeds); None until one seed is."""
         lrs = self.ran_lrs(comp)
         finals = {lr: self.finals(comp, lr_curve(comp, design, lr)) for lr in lrs}
-        seeds = set.intersection(*(set(f) for f in finals.values())) if finals else set()
+        seeds = pick_seeds(finals)
         if not seeds:
             return None
         means = {lr: sum(f[s] for s in seeds) / len(seeds) for lr, f in finals.items()}
@@ -168,7 +178,7 @@ class Results:
 
     def grid_contrasts(self, comp: Comparison) -> list[Row]:
         """The contrasts that pick an lr grid's best lrs: for each design, its best lr − its runner-up (the next
-        lowest mean over the same seeds), paired by seed. A best-vs-best verdict rests on them, so they join the
+        lowest mean over the pick's seeds, pick_seeds), paired by every seed both have run. A best-vs-best verdict rests on them, so they join the
         page's multiple-comparison family (repro/reading.py, family); they have no paper value and no verdict."""
         if comp.kind != "lr_grid" or self.unread(comp):
             return []
@@ -176,7 +186,7 @@ class Results:
         for design in (comp.grid.reference, comp.grid.ours):
             lrs = self.ran_lrs(comp)
             finals = {lr: self.finals(comp, lr_curve(comp, design, lr)) for lr in lrs}
-            seeds = set.intersection(*(set(f) for f in finals.values()))
+            seeds = pick_seeds(finals)
             if len(seeds) < 2:
                 continue
             best, second = sorted(lrs, key=lambda lr: sum(finals[lr][s] for s in seeds))[:2]

@@ -17,7 +17,8 @@ from repro import proxy
 from repro.comparisons import Comparison, Plan
 from repro.figures import FIGURES
 from repro.measure import Results
-from repro.reading import CENTRAL, MDE_FLOOR, count_section, plain_reading, retuned_done, short_of_power
+from repro.reading import (CENTRAL, MDE_FLOOR, count_section, horizon_heads, plain_reading, retuned_done,
+                           short_of_power)
 from runs import Run
 from repro.magnitude_section import magnitudes_section
 from repro.sections import horizon_families, horizon_section, ladder_section, lr_grid_section, panel_section
@@ -221,12 +222,12 @@ def scope(res: Results, retuned: bool = False) -> list[str]:
     todo = []
     short = short_of_power(res)
     if short:
-        todo.append(f"the seeds that would power {len(short)} of the paper's central claims ({'; '.join(short)}; "
-                    "the count below gives the seeds each would need)")
+        todo.append(f"the seeds that would power {len(short)} of the {len(CENTRAL) + len(horizon_heads(res))} "
+                    f"claims above the tables ({'; '.join(short)}; the count below gives the seeds each would need)")
     if not retuned:
         todo.append("best lr against best lr for the headline")
-    powered = ("" if short else f" Every one of the paper's {len(CENTRAL)} central claims has the seeds for an MDE at "
-               f"or below the larger of its |Δ| and {MDE_FLOOR:g} (the count below).")
+    powered = ("" if short else f" Every one of the {len(CENTRAL) + len(horizon_heads(res))} claims above the tables "
+               f"has the seeds for an MDE at or below the larger of its |Δ| and {MDE_FLOOR:g} (the count below).")
     return [f"**The eval set.** {said}", *apart, "",
             f"Read with v3's rules: {rules}." + powered
             + (f" Not done yet: {' and '.join(todo)}." if todo else "")]

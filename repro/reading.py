@@ -12,10 +12,10 @@ from typing import Optional
 from repro.comparisons import Comparison
 from repro.contrasts import Contrasts, combination_text, contrasts
 from repro.laws import LadderLaw, ratio_text, times, times_interval, times_text
-from repro.measure import Results, Row
+from repro.measure import PILOT_SEEDS, Results, Row
 from repro.proxy import DENSE, MOE, TOKENS_PER_PARAM
 from repro.sections import (crossing_log, grid_edge, horizon_families, horizon_points, horizon_trend, law_of,
-                            lead_after_retuning)
+                            lead_after_retuning, lead_at_shared_best, shared_best)
 from repro.sources import all_prefix
 from repro.significance import benjamini_hochberg, holm, p_value, seeds_for
 from repro.stats import (ALPHA, CONSISTENT, CONTRADICTS, FAR, LARGER, REPRODUCES, RULED_OUT, SMALLER, UNDECIDED,
@@ -35,7 +35,6 @@ SECONDARY = (("Dense unified vs baseline, the 0.12B proxy, at the paper's lr", "
              ("MoE unified vs baseline, the 0.5B proxy, at the paper's lr", "fig7-ladder", MOE.label),
              ("Fig. 1, without vs with scale vectors at the same lr", "fig1-lr_grid", "same lr"))
 MDE_FLOOR = 0.02  # a central claim's seeds aim at an MDE at or below the larger of the paper's |Δ| and this
-PILOT_SEEDS = 4  # the first round of every curve (the plan's seeds): each row's n is fixed from these (planned_seeds)
 # The headline at each design's best lr: (what it is, the lr grid's comparison key).
 RETUNED = (("Dense unified vs baseline, each at its best lr", "fig6-best_lr"),
            ("MoE unified vs baseline, each at its best lr", "fig7-best_lr"))
@@ -214,8 +213,9 @@ def claim_line(res: Results, name: str, r: Optional[Row], holm_of: dict[int, str
         g, same = comp.grid, res.rows_of(comp)[0]
         head += (f" (of {', '.join(res.ran_lrs(comp))}: {g.ours} {res.best_lr(comp, g.ours)}, {g.reference} "
                  f"{res.best_lr(comp, g.reference)})")
-        tail = (f"; at the same lr ({g.same}) {fmt(same.delta, True)}: "
-                f"{lead_after_retuning(g, same.delta, r.delta)}.{grid_edge(res, comp)}")
+        words = (lead_at_shared_best(g, same.delta) if shared_best(res, comp)
+                 else lead_after_retuning(g, same.delta, r.delta))
+        tail = f"; at the same lr ({g.same}) {fmt(same.delta, True)}: {words}.{grid_edge(res, comp)}"
     return (f"{head}: {delta_text(r)}: **{verdict_class(r.delta, r.paper)}**{holm_of.get(id(first(res, r)), '')}"
             f"{wiki_text(r)}" + (tail or "."))
 
@@ -338,12 +338,27 @@ def target_mde(r: Row) -> float:
     return max(abs(r.paper), MDE_FLOOR) if r.paper is not None else MDE_FLOOR
 
 
+def horizon_heads(res: Results) -> list[tuple[str, Row]]:
+    """Each horizon family's headline: its longest rung read, each design at its best lr (the page's first claims)."""
+    out = []
+    for comps in horizon_families(res).values():
+        points = [p for p in horizon_points(res, comps) if p.best is not None and p.best.delta is not None]
+        if points:
+            p = points[-1]
+            name = p.comp.title.split(" at ")[0].removeprefix("The horizon, ")
+            out.append((f"{name[0].upper() + name[1:]} at {p.tokens_per_param:.3g} tokens per compute parameter, "
+                        "each at its best lr",
+                        p.best))
+    return out
+
+
 def short_of_power(res: Results) -> list[str]:
-    """The central claims whose seeds do not yet give an MDE at or below their target (or that have no two seeds)."""
+    """The claims of the page's first screen (the horizon headlines and CENTRAL) whose seeds do not yet give an MDE
+    at or below their target, or that have no two seeds."""
     rows = dict(central_rows(res))
-    return [name for name, _, _ in CENTRAL
-            if name not in rows or rows[name].delta is None or rows[name].delta.n < 2
-            or rows[name].delta.mde > target_mde(rows[name])]
+    weak = lambda r: r is None or r.delta is None or r.delta.n < 2 or r.delta.mde > target_mde(r)  # noqa: E731
+    return ([name for name, r in horizon_heads(res) if weak(r)]
+            + [name for name, _, _ in CENTRAL if weak(rows.get(name))])
 
 
 def power_lines(res: Results) -> list[str]:

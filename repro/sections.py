@@ -177,7 +177,27 @@ def retuning_sentence(res: Results, comp: Comparison) -> Optional[str]:
         numbers = (f"{d}: {fmt(same.delta, True)} at the same lr ({g.same}), {fmt(best.delta, True)} with each at "
                    f"its best lr ({g.ours} {res.best_lr(comp, g.ours)}, {g.reference} {res.best_lr(comp, g.reference)};"
                    " each paired by seed)")
-    return f"{numbers}: {lead_after_retuning(g, same.delta, best.delta)}.{grid_edge(res, comp)}"
+    words = (lead_at_shared_best(g, same.delta, say_lr=False) if shared_best(res, comp)
+             else lead_after_retuning(g, same.delta, best.delta))
+    return f"{numbers}: {words}.{grid_edge(res, comp)}"
+
+
+def shared_best(res: Results, comp: Comparison) -> bool:
+    """Whether both designs of an lr grid are best at its same lr: then best against best is the same-lr row itself,
+    and nothing was retuned."""
+    g = comp.grid
+    return res.best_lr(comp, g.ours) == res.best_lr(comp, g.reference) == g.same
+
+
+def lead_at_shared_best(g: LrGrid, same: Optional[Stat], say_lr: bool = True) -> str:
+    """What the grid says when both designs are best at its same lr: retuning moved neither design, so the same-lr
+    delta is the best-vs-best one and no claim about retuning follows (a lead "survives" only a retuning that ran).
+    `say_lr` names that lr, for a sentence that has not."""
+    if same is None or same.n < 2:
+        return "with fewer than two seeds paired there is no interval"
+    lead = g.ours if same.mean < 0 else g.reference
+    said = f"{lead} leads, resolved" if same.resolved else "unresolved"
+    return said + (f"; both designs are best at {g.same}" if say_lr else "") + ": **retuning moved neither design**"
 
 
 def grid_edge(res: Results, comp: Comparison) -> str:
@@ -391,18 +411,35 @@ HORIZON_WORDS = {HOLDS: "holds", GROWS: "grows", SHRINKS: "shrinks (still resolv
 
 
 def horizon_trend(points: list[HorizonPoint]) -> Optional[str]:
-    """In words: what the longest horizon does to the shortest's best-vs-best delta (repro/stats.py,
-    over_horizon), with both deltas and their Welch difference; None with fewer than two rungs read."""
+    """In words: what the longest horizon does to the shortest's best-vs-best delta (repro/stats.py, over_horizon),
+    with both deltas and their Welch difference; then, over three or more rungs, each step's change (a path that
+    moves both ways, each step resolved, is not a trend the ends can summarize); then the same on WikiText-2. None
+    with fewer than two rungs read."""
     pts = [p for p in points if p.best is not None and p.best.delta is not None]
     if len(pts) < 2:
         return None
-    a, b = pts[0].best.delta, pts[-1].best.delta
-    v = over_horizon(a, b)
+    first, last = pts[0].best, pts[-1].best
+    out = [f"From {pts[0].tokens_per_param:.3g} to {pts[-1].tokens_per_param:.3g} tokens per compute parameter, each "
+           f"design at its best lr, unified − baseline goes from {change_text(first.delta, last.delta)}."]
+    steps = [(a, b, welch(a.best.delta, b.best.delta)) for a, b in zip(pts, pts[1:])]
+    steps = [(a, b, d) for a, b, d in steps if d is not None]
+    if len(pts) >= 3 and steps:
+        out.append("Rung by rung (Welch, 95 %): " + ", ".join(
+            f"×{a.comp.horizon} to ×{b.comp.horizon} {d.mean:+.4f} ± {d.half:.4f}" for a, b, d in steps) + ".")
+        moved = {d.mean > 0 for _, _, d in steps if d.resolved}
+        if len(moved) == 2:
+            out[-1] = out[-1][:-1] + (": the path moves both ways, each way resolved, so its ends alone do not give "
+                                      "its shape.")
+    if first.wiki is not None and last.wiki is not None:
+        out.append(f"On WikiText-2 it goes from {change_text(first.wiki, last.wiki)}.")
+    return " ".join(out)
+
+
+def change_text(a: Stat, b: Stat) -> str:
+    """A delta at the shortest and the longest horizon, their Welch difference and the verdict (over_horizon)."""
     d = welch(a, b) if a.n >= 2 and b.n >= 2 else None
     diff = f"; the change {d.mean:+.4f} ± {d.half:.4f} (Welch, 95 %)" if d else ""
-    return (f"From {pts[0].tokens_per_param:.3g} to {pts[-1].tokens_per_param:.3g} tokens per compute parameter, "
-            f"each design at its best lr, unified − baseline goes from {fmt(a, True)} to {fmt(b, True)}{diff}: "
-            f"**the verdict {HORIZON_WORDS[v]}**.")
+    return f"{fmt(a, True)} to {fmt(b, True)}{diff}: **the verdict {HORIZON_WORDS[over_horizon(a, b)]}**"
 
 
 def horizon_section(res: Results, img_dir: Path) -> list[str]:

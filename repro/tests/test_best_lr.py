@@ -5,6 +5,7 @@ text with and without those runs."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -190,6 +191,28 @@ def test_the_best_lr_is_chosen_over_the_seeds_every_lr_has(tmp_path):
     assert best.delta.n == SEEDS  # the row itself pairs every seed both of its curves have
 
 
+def test_seeds_past_the_pilot_never_move_the_pick(tmp_path):
+    """Seeds 4 and 5 run at every lr, and at 2e-3 the baseline's are 0.4 worse: over all six seeds 4e-3 would win,
+    but the pick reads the pilot (seeds 0–3, where 2e-3 is best), and the rows and the pick's contrast then pair every
+    seed, the later ones included."""
+    plan, where, grid = dense_plan(tmp_path, BEST_DIFFER)
+    for label, loss in BEST_DIFFER.items():
+        for s in (4, 5):
+            where[(f"fig6-best_lr/{label}", s)] = d = tmp_path / f"{label.replace(' ', '_')}-s{s}"
+            fake_run(d, loss + (0.4 if label == "baseline lr 2e-3" else 0.0))
+            if label.endswith("lr 4e-3"):  # the ladder's rung reads the grid's 4e-3 runs
+                where[(f"fig6-ladder/{label.split()[0]} {DENSE.label}", s)] = d
+    res = Results(replace(plan, seeds=6), where, "wiki")
+    runs = {lr: res.finals(grid, next(c for c in grid.curves if c.label == f"baseline lr {lr}"))
+            for lr in ("2e-3", "4e-3")}
+    assert sum(runs["2e-3"].values()) > sum(runs["4e-3"].values())  # over all six seeds 4e-3 would win
+    assert res.best_lr(grid, "baseline") == "2e-3"
+    best = res.rows_of(grid)[1]
+    assert best.label == "each at its best lr (unified 4e-3, baseline 2e-3)" and best.delta.n == 6
+    pick = next(r for r in res.grid_contrasts(grid) if r.label.startswith("baseline"))
+    assert pick.label == "baseline at its best lr 2e-3 − at 4e-3 (the lr pick)" and pick.delta.n == 6
+
+
 def test_both_best_at_the_paper_lr_is_the_rung_itself(tmp_path):
     losses = dict(BEST_DIFFER, **{"baseline lr 2e-3": 3.10})  # the baseline now best at 4e-3 too
     plan, where, grid = dense_plan(tmp_path, losses)
@@ -199,8 +222,13 @@ def test_both_best_at_the_paper_lr_is_the_rung_itself(tmp_path):
     text = "\n".join(lr_grid_section(res, grid, tmp_path / "img"))
     assert ("Both designs are best at 4e-3, so the delta with each at its best lr is the same-lr one, unified − "
             "baseline -0.0600 [") in text
-    assert "**the lead survives lr retuning**" in text
-    assert "each at its best lr (of 2e-3, 4e-3, 8e-3: unified 4e-3, baseline 4e-3): " in "\n".join(plain_reading(res))
+    said = "unified leads, resolved; both designs are best at 4e-3: **retuning moved neither design**"
+    assert "(paired by seed): unified leads, resolved: **retuning moved neither design**." in text
+    assert "survive" not in text  # no retuning ran, so no lead "survives" it
+    plain = "\n".join(plain_reading(res))
+    line = next(x for x in plain.splitlines() if x.startswith("- Dense unified vs baseline, the 0.12B proxy, each at"))
+    assert "each at its best lr (of 2e-3, 4e-3, 8e-3: unified 4e-3, baseline 4e-3): " in line
+    assert said in line and "survive lr" not in line
 
 
 @pytest.mark.parametrize("losses, said", [

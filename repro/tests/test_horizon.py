@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -74,13 +75,14 @@ def test_what_a_longer_horizon_does_to_a_delta():
     assert d.mean == pytest.approx(0.03) and d.half == pytest.approx(t975(math.floor(df)) * math.sqrt(va + vb))
 
 
-def fake_run(path: Path, final: float, tokens: int) -> None:
-    """A finished run directory of the tiny config: two evaluations ending at `final` after `tokens` tokens."""
+def fake_run(path: Path, final: float, tokens: int, wiki: float = 1.0) -> None:
+    """A finished run directory of the tiny config: two evaluations ending at `final` (WikiText-2 `wiki` above it)
+    after `tokens` tokens."""
     path.mkdir(parents=True)
     cfg = load_config("configs/tiny_cpu.yaml", ["train.steps=10", "schedule.warmup_steps=1"])
     (path / "config.yaml").write_text(cfg.to_yaml())
     recs = [{"kind": "eval", "step": 0, "tokens": 0, "val_loss": 9.0, "val_loss/wiki": 9.0},
-            {"kind": "eval", "step": 10, "tokens": tokens, "val_loss": final, "val_loss/wiki": final + 1},
+            {"kind": "eval", "step": 10, "tokens": tokens, "val_loss": final, "val_loss/wiki": final + wiki},
             {"kind": "train", "step": 10, "tokens": tokens, "epoch": 0.5, "loss": final}]
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
 
@@ -90,9 +92,10 @@ FINALS = {1: {"baseline lr 2e-3": 3.2, "unified lr 2e-3": 3.18, "baseline lr 4e-
 NOISE = (0.0, 0.002, -0.002)  # per seed; unified's twice the baseline's, so the deltas have a spread
 
 
-def horizon_family(tmp_path: Path, horizons: tuple[int, ...]):
-    """The dense horizon rungs at `horizons` over a 2-lr grid, 3 seeds, runs at FINALS where it has the horizon
-    (none elsewhere): the Results and the comparisons."""
+def horizon_family(tmp_path: Path, horizons: tuple[int, ...], finals=FINALS, wiki=None):
+    """The dense horizon rungs at `horizons` over a 2-lr grid, 3 seeds, runs at `finals` where it has the horizon
+    (none elsewhere), WikiText-2 1 above val but where `wiki` ({(horizon, curve): gap}) says: the Results and the
+    comparisons."""
     comps = [horizon_rung(h, "6", "0.12b", -0.0302, HORIZON_DENSE, (2e-3, 4e-3)) for h in horizons]
     n = proxy.compute_params(load_config("configs/tiny_cpu.yaml"))
     where = {}
@@ -101,9 +104,9 @@ def horizon_family(tmp_path: Path, horizons: tuple[int, ...]):
             for s in range(3):
                 d = tmp_path / f"{comp.key}-{c.label.replace(' ', '_')}-s{s}"
                 where[(f"{comp.key}/{c.label}", s)] = d
-                if comp.horizon in FINALS:
-                    fake_run(d, FINALS[comp.horizon][c.label] + NOISE[s] * (2 if "unified" in c.label else 1),
-                             round(10.5 * comp.horizon * n))
+                if comp.horizon in finals:
+                    fake_run(d, finals[comp.horizon][c.label] + NOISE[s] * (2 if "unified" in c.label else 1),
+                             round(10.5 * comp.horizon * n), (wiki or {}).get((comp.horizon, c.label), 1.0))
     return Results(Plan(3, comparisons=comps), where, "wiki"), comps
 
 
@@ -128,6 +131,31 @@ def test_the_horizon_section_reads_each_rung(tmp_path):
     assert min(HORIZON_LRS[10]) == 1e-3 and max(HORIZON_LRS[1]) == 3.2e-2  # unified's edges on the pilot's 4 seeds
 
 
+def test_a_path_that_moves_both_ways_and_a_wikitext_reversal_are_said(tmp_path):
+    """Unified leads by 0.04 at ×1, by 0.10 at ×3 and by 0.01 at ×10, each step resolved: the ends say "shrinks",
+    and the sentence adds each step and that the path moves both ways. On WikiText-2 unified's ×10 runs end 0.05
+    higher: its lead there reverses, and the sentence says so with its Welch interval."""
+    finals = {**FINALS, 3: {"baseline lr 2e-3": 2.9, "unified lr 2e-3": 2.85, "baseline lr 4e-3": 2.8,
+                            "unified lr 4e-3": 2.7}}
+    res, comps = horizon_family(tmp_path, HORIZONS, finals, {(10, "unified lr 2e-3"): 1.05})
+    text = "\n".join(horizon_section(res, tmp_path / "img"))
+    best = [res.rows_of(c)[1] for c in comps]
+    steps = [welch(a.delta, b.delta) for a, b in zip(best, best[1:])]
+    assert steps[0].mean == pytest.approx(-0.06) and steps[1].mean == pytest.approx(0.09)
+    assert (f"Rung by rung (Welch, 95 %): ×1 to ×3 {steps[0].mean:+.4f} ± {steps[0].half:.4f}, ×3 to ×10 "
+            f"{steps[1].mean:+.4f} ± {steps[1].half:.4f}: the path moves both ways, each way resolved") in text
+    a, b = best[0].wiki, best[-1].wiki
+    assert a.mean == pytest.approx(-0.04) and b.mean == pytest.approx(0.04)
+    d = welch(a, b)
+    assert (f"On WikiText-2 it goes from -0.0400 [{a.lo:+.4f}, {a.hi:+.4f}] to +0.0400 [{b.lo:+.4f}, {b.hi:+.4f}]; "
+            f"the change {d.mean:+.4f} ± {d.half:.4f} (Welch, 95 %): **the verdict reverses**.") in text
+    # two rungs: no step-by-step sentence; WikiText-2 (1 above val everywhere) shrinks as val does
+    res, _ = horizon_family(tmp_path / "two", (1, 10))
+    text = "\n".join(horizon_section(res, tmp_path / "img"))
+    assert "Rung by rung" not in text and "On WikiText-2 it goes from -0.0400 [" in text \
+        and text.count("**the verdict shrinks (still resolved)**") == 2
+
+
 def test_the_plain_reading_opens_with_the_longest_horizon(tmp_path):
     """The page's first lines: the headline at the longest horizon run, each design at its best lr, with its label,
     its Holm verdict, its WikiText-2 delta and what the horizon did to it; then v3's central rows, said to be at the
@@ -143,3 +171,18 @@ def test_the_plain_reading_opens_with_the_longest_horizon(tmp_path):
     assert "Both designs' best lr is the grid's smallest (2e-3)" in head and "**the verdict shrinks (still " in head
     assert lines[4] == ("The paper's central claims at the proxy's 10.5 tokens per compute parameter, each one row of "
                         "the tables below, each design at its best lr where an lr grid measures it:")
+
+
+def test_a_horizon_headline_short_of_power_is_named_as_not_done(tmp_path, monkeypatch):
+    """The longest rung's best-vs-best row is a claim of the first screen: with the seeds' deltas spread by 0.002 its
+    MDE is under the paper's |Δ| and it is powered; spread by 0.05 it is not, and the list of what is not done names
+    it first."""
+    from repro import reading
+    res, _ = horizon_family(tmp_path / "tight", (1, 10))
+    (name, row), = reading.horizon_heads(res)
+    assert name == "Dense (d32 L4) at 105 tokens per compute parameter, each at its best lr" and row.delta.n == 3
+    assert row.delta.mde < 0.0302 and name not in reading.short_of_power(res)
+    monkeypatch.setattr(sys.modules[__name__], "NOISE", (0.0, 0.05, -0.05))
+    res, _ = horizon_family(tmp_path / "loose", (1, 10))
+    (_, row), = reading.horizon_heads(res)
+    assert row.delta.mde > 0.0302 and reading.short_of_power(res)[0] == name

@@ -191,11 +191,10 @@ def test_a_row_with_the_runs_of_another_is_shown_once(tmp_path):
     text = "\n".join(lr_grid_section(res, plan.comparisons[0], tmp_path / "img"))
     assert text.count("| same lr (4e-3) | +0.0300 [") == 1 and text.count("not counted again") == 1
     # its val and WikiText-2 deltas, once each: the best-lr row repeats neither; the sentence under the table says it
-    # is the same delta, and that the lead survives lr retuning
+    # is the same delta, and that retuning moved neither design
     assert text.count("+0.0300 [") == 3
     assert ("Both designs are best at 4e-3, so the delta with each at its best lr is the same-lr one, without − with "
-            "+0.0300 [") in text and "baseline leads, resolved, at the same lr and with each at its best: **the lead " \
-        "survives lr retuning**" in text
+            "+0.0300 [") in text and "baseline leads, resolved: **retuning moved neither design**" in text
     assert f"(the same runs as *{same.title}*)" in delta_cells(best)
     # Shared runs: the grid's 4e-3 curves are read by the Muon panel too, and marked so.
     assert res.readers(plan.comparisons[0], plan.comparisons[0].curves[0]) == ["Fig. 8, Muon"]
