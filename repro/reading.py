@@ -21,7 +21,7 @@ from repro.significance import benjamini_hochberg, holm, p_value, seeds_for
 from repro.stats import (ALPHA, CONSISTENT, CONTRADICTS, FAR, LARGER, REPRODUCES, RULED_OUT, SMALLER, UNDECIDED,
                          UNINFORMATIVE, VERDICTS, far, fmt, ratio, stat, verdict_class)
 from repro.variance import variance_lines
-from repro.versions import V1, V2, PastPage
+from repro.versions import BEST, V1, V2, V3, PastPage
 
 # The paper's central claims: (what it is, comparison key, row label or its start). The paper compares designs each
 # at a tuned lr (docs/paper.md §2.1; Fig. 1's second panel, §4.1), so where an lr grid measures a claim its central
@@ -436,9 +436,14 @@ def beyond_rule_lines(res: Results, named: list[tuple[str, Row]]) -> list[str]:
 
 def past_page(res: Results) -> tuple[str, PastPage]:
     """This page's version and the page before it: runs that evaluate a prefix of the val split are v2's, read
-    against v1; runs that evaluate the training mixture are v3's, read against v2 (repro/versions.py)."""
+    against v1; runs that evaluate the training mixture are v3's, read against v2, or v4's, read against v3, when a
+    horizon rung past the proxy's own tokens (v4's alone: the 1 × rung shares runs with the ladders) has a finished
+    run (repro/versions.py)."""
     res.rows  # loads the runs (Results reads them on first use)
-    return ("v2", V1) if all_prefix(res) else ("v3", V2)
+    if all_prefix(res):
+        return "v2", V1
+    horizon = any(res.runs_of(c, curve) for c in res.plan.comparisons if (c.horizon or 1) > 1 for curve in c.curves)
+    return ("v4", V3) if horizon else ("v3", V2)
 
 
 def versus_past(res: Results) -> list[str]:
@@ -447,7 +452,8 @@ def versus_past(res: Results) -> list[str]:
     now_name, past = past_page(res)
     kinds: dict[str, list[str]] = {}
     for r in res.rows:
-        old = past.deltas.get((r.comparison.key, r.label))
+        label = BEST if r.label.startswith(BEST) else r.label  # a best-vs-best row whichever lrs it picked
+        old = past.deltas.get((r.comparison.key, r.label)) or past.deltas.get((r.comparison.key, label))
         if old is None or not r.counted:
             continue
         now = r.delta

@@ -1,7 +1,9 @@
 """The earlier results pages, kept as measured so that a page can say which of its predecessor's deltas persist and
-which fade: v1 (the page of proxy v1, whose runs were not archived) and v2 (the runs archived in
-docs/results_runs_v2.jsonl.gz, whose page is docs/results_v2.md). A page of runs that evaluate a prefix of the val split (v2's) is read against v1;
-a page of runs that evaluate the training mixture (v3's) against v2 (repro/reading.py, versus_past).
+which fade: v1 (the page of proxy v1, whose runs were not archived), v2 and v3 (the runs archived in
+docs/results_runs_v2.jsonl.gz and docs/results_runs_v3.jsonl.gz, whose pages are docs/results_v2.md and
+docs/results_v3.md). A page of runs that evaluate a prefix of the val split (v2's) is read against v1; a page of runs
+that evaluate the training mixture against v2 (v3's) or, when a horizon rung has run (v4's), against v3
+(repro/reading.py, past_page and versus_past).
 
 Each delta is ours − reference in the final validation loss, paired by seed, with its 95 % Student-t interval (mean,
 low, high), keyed by (comparison key, row label in today's plan).
@@ -109,3 +111,38 @@ _V2_SUMMARY = (
 )
 
 V2 = PastPage("v2", _V2_SUMMARY, _V2_DELTAS)
+
+# v3: every counted row of docs/results_v3.md (docs/results.md until results v4) recomputed from its archive
+# docs/results_runs_v3.jsonl.gz (246 runs, 4–20 seeds per curve, 13.87 CPU-hours; repro/tests/test_results_sources.py
+# checks that they still recompute). An lr grid's best-vs-best row is keyed "each at its best lr" (BEST), whichever
+# lrs it picked: v4's grids are wider, so its picks can differ. Its MoE runs predate 3851105, which starts the routed
+# experts' output-side vectors u_e at 1 as every other vector (before, init drew them as matrices from N(0, σ²)).
+BEST = "each at its best lr"
+_V3_DELTAS = {
+    ("fig1-lr_grid", "same lr (4e-3)"): PastDelta(+0.0464, +0.0275, +0.0653),
+    ("fig1-lr_grid", BEST): PastDelta(+0.0452, -0.0127, +0.1031),
+    ("fig6-ladder", "d32 L4"): PastDelta(-0.0379, -0.0548, -0.0210),
+    ("fig6-ladder", "d64 L2"): PastDelta(-0.0067, -0.0278, +0.0143),
+    ("fig6-ladder", "d64 L4"): PastDelta(-0.0458, -0.0648, -0.0268),
+    ("fig8-muon", "unified"): PastDelta(+0.0249, +0.0119, +0.0379),
+    ("fig9-wsd", "unified"): PastDelta(-0.0194, -0.0372, -0.0016),
+    ("fig8-muon_moe", "unified"): PastDelta(+0.0005, -0.0127, +0.0138),
+    ("fig9-wsd_moe", "unified"): PastDelta(+0.0264, +0.0128, +0.0399),
+    ("fig7-ladder", "d32 L2 E8"): PastDelta(-0.1205, -0.1435, -0.0975),
+    ("fig7-ladder", "d64 L2 E8"): PastDelta(-0.0597, -0.0790, -0.0405),
+    ("fig7-best_lr", BEST): PastDelta(+0.0390, +0.0208, +0.0573),
+}
+
+_V3_SUMMARY = (
+    "The third version of this page (proxy v3, now docs/results_v3.md) evaluated the training mixture, as this one "
+    "does, at 10.5 tokens per compute parameter alone (246 runs, 4–20 seeds per curve, 13.87 CPU-hours; Fig. 5 not "
+    "run on the mixture). Its MoE runs started the routed experts' u_e as matrices, not at 1 as the paper's. Of its "
+    "12 distinct deltas, 6 were resolved with the paper's sign; 3 contradicted it (dense Muon, +0.0249 against "
+    "−0.0156; MoE WSD, +0.0264 against −0.0186; MoE each at its best lr, +0.0390 against −0.0291, both designs best at "
+    "4e-3, the grid's edge); 2 ruled out its size (dense d64 L2; MoE Muon, +0.0005 against −0.0188); Fig. 1 at each "
+    "design's best lr could not tell. Of its 15 linearly independent rows and lr picks, 9 survived Holm's correction. "
+    "This page keeps v3's runs that the fix left as they were (every dense run, and the MoE baselines, which have no "
+    "u_e), so a dense delta read in both is v3's runs with any seeds added since; it retrains the MoE designs with u_e."
+)
+
+V3 = PastPage("v3", _V3_SUMMARY, _V3_DELTAS)

@@ -186,3 +186,18 @@ def test_a_horizon_headline_short_of_power_is_named_as_not_done(tmp_path, monkey
     res, _ = horizon_family(tmp_path / "loose", (1, 10))
     (_, row), = reading.horizon_heads(res)
     assert row.delta.mde > 0.0302 and reading.short_of_power(res)[0] == name
+
+
+def test_a_page_with_a_horizon_run_is_v4_read_against_v3(tmp_path):
+    """A horizon rung past 1 × is v4's own comparison: mixture-eval runs with one of its runs are v4's, read against
+    v3's kept deltas (repro/tests/test_results_sources.py reads v3's own archive, whose 1 × rungs are its ladders'
+    runs, as v3's, against v2)."""
+    from repro.reading import past_page, versus_past
+    res, _ = horizon_family(tmp_path, (1, 10))
+    assert past_page(res)[0] == "v2"  # the tiny config evaluates a prefix of the val split, as v2's runs did
+    for d in (p for p in tmp_path.iterdir() if p.is_dir()):
+        cfg = load_config(d / "config.yaml", ["train.eval_sample=mixture"])
+        (d / "config.yaml").write_text(cfg.to_yaml())
+    res = Results(res.plan, res.where, "wiki")
+    assert past_page(res)[0] == "v4" and past_page(res)[1].name == "v3"
+    assert versus_past(res)[0] == "### v4 against v3"

@@ -186,6 +186,24 @@ def test_v2s_kept_deltas_recompute_from_its_archive(v2_dir):
         assert (round(d.mean, 4), round(d.lo, 4), round(d.hi, 4)) == (kept.mean, kept.lo, kept.hi), key
 
 
+def test_v3s_kept_deltas_recompute_from_its_archive(tmp_path):
+    """repro/versions.py's v3 deltas, which a v4 page is read against, are v3's archive's counted rows to 4 decimals
+    (a best-vs-best row keyed without its lrs); v3 has no horizon run, so its own page is still read against v2."""
+    from repro.reading import past_page
+    from repro.runner import plan_runs, unpack
+    from repro.versions import BEST, V3
+    unpack(ARCHIVE.with_name("results_runs_v3.jsonl.gz"), tmp_path)
+    plan = Plan(20)
+    _, where = plan_runs(plan, str(tmp_path))
+    res = Results(plan, where, "wikitext2_bpe1024")
+    got = {(r.comparison.key, BEST if r.label.startswith(BEST) else r.label): r.delta for r in res.rows if r.counted}
+    assert set(got) == set(V3.deltas) and len(got) == 12
+    for key, kept in V3.deltas.items():
+        d = got[key]
+        assert (round(d.mean, 4), round(d.lo, 4), round(d.hi, 4)) == (kept.mean, kept.lo, kept.hi), key
+    assert past_page(res)[0] == "v3"
+
+
 def test_the_wikitext_set_is_prepared_in_a_checkout_with_no_data_yet(tmp_path):
     """repro.results in a fresh checkout: the training data is prepared first (a built-in source on first use),
     then WikiText-2 in its tokenizer; before, the eval set's preparation failed on the missing training dir."""
