@@ -153,14 +153,15 @@ def default_comparisons(lrs: tuple[float, ...]) -> list[Comparison]:
 # CPU-s eager), so only the 10 × rung compiles.
 # Each horizon has its own lr grid: the best lr moves with the horizon. Each dense grid started at 2e-3..1.6e-2; on 4
 # seeds unified was best at the edge at 1 × (1.6e-2) and at 10 × (2e-3), so those grids go one lr further (results
-# v4). Dense, the best lrs moved down with the horizon (unified 1.6e-2, 4e-3, 2e-3); the MoE's grids are 3 lrs
-# around the paper's 2e-3 that follow that move, a third of the cost of 5 at the 10 × rung, which holds 80 % of the
-# MoE horizon's CPU time; a grid whose best lr is its edge is extended before its seeds are planned (the 1 × grid's
-# baseline was best at 8e-3 on the pilot's 4 seeds, so that grid goes to 1.6e-2).
+# v4). Dense, the best lrs moved down with the horizon (unified 1.6e-2, 4e-3, 2e-3). The MoE's grids are 3 lrs
+# where its pilots put the optimum, a third of the cost of 5 at the 10 × rung, which holds 80 % of the MoE horizon's
+# CPU time; a grid whose best lr is its edge is extended before its seeds are planned. On the pilots' 4 seeds the
+# MoE's best lrs did not move down: 8e-3 (baseline) and 4e-3 (unified) at 1 ×, both 8e-3 at 3 ×, the edge of
+# 2e-3..8e-3; so the 3 × grid goes to 1.6e-2, and the 10 × grid is 2e-3..8e-3 around them, not 1e-3..4e-3.
 HORIZONS = (1, 3, 10)
 HORIZON_LRS = {1: (2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2), 3: (2e-3, 4e-3, 8e-3, 1.6e-2),
                10: (1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2)}
-MOE_HORIZON_LRS = {1: (2e-3, 4e-3, 8e-3, 1.6e-2), 3: (2e-3, 4e-3, 8e-3), 10: (1e-3, 2e-3, 4e-3)}
+MOE_HORIZON_LRS = {1: (2e-3, 4e-3, 8e-3, 1.6e-2), 3: (2e-3, 4e-3, 8e-3, 1.6e-2), 10: (2e-3, 4e-3, 8e-3)}
 HORIZON_DENSE, HORIZON_MOE = DENSE_LADDER[0], MOE_LADDER[0]
 
 
