@@ -136,7 +136,7 @@ def default_comparisons(lrs: tuple[float, ...]) -> list[Comparison]:
     # The horizon (results v4): the dense headline at HORIZONS × the proxy's tokens, each with its own lr grid.
     out += [horizon_rung(h, "6", "0.12b", mean(FIG6_DELTAS.values()), HORIZON_DENSE) for h in HORIZONS]
     out += [horizon_rung(h, "7", "0.5b", mean(FIG7_DELTAS.values()), HORIZON_MOE, MOE_HORIZON_LRS[h],
-                         compiled=h == max(HORIZONS)) for h in HORIZONS]
+                         compiled=h == max(HORIZONS), same=MOE_HORIZON_SAME.get(h)) for h in HORIZONS]
     out.append(magnitudes_ab(max(HORIZONS), MAGNITUDES_LR, HORIZON_DENSE))
     return out
 
@@ -156,32 +156,41 @@ def default_comparisons(lrs: tuple[float, ...]) -> list[Comparison]:
 # v4). Dense, the best lrs moved down with the horizon (unified 1.6e-2, 4e-3, 2e-3). The MoE's grids are 3 lrs
 # where its pilots put the optimum, a third of the cost of 5 at the 10 × rung, which holds 80 % of the MoE horizon's
 # CPU time; a grid whose best lr is its edge is extended before its seeds are planned. On the pilots' 4 seeds the
-# MoE's best lrs did not move down: 8e-3 (baseline) and 4e-3 (unified) at 1 ×, both 8e-3 at 3 ×, the edge of
-# 2e-3..8e-3; so the 3 × grid goes to 1.6e-2, and the 10 × grid is 2e-3..8e-3 around them, not 1e-3..4e-3.
+# MoE's best lrs moved up, not down: 8e-3 (baseline) and 4e-3 (unified) at 1 ×; at 3 × both 8e-3 over 2e-3..8e-3,
+# then the baseline 1.6e-2 once the grid went there. So the 3 × grid goes to 3.2e-2, and the 10 × grid is
+# 4e-3..1.6e-2 around both optima: it leaves out the paper's 2e-3 (the worst lr of both designs at 3 ×), so its
+# same-lr row is at 8e-3 (MOE_HORIZON_SAME).
 HORIZONS = (1, 3, 10)
 HORIZON_LRS = {1: (2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2), 3: (2e-3, 4e-3, 8e-3, 1.6e-2),
                10: (1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2)}
-MOE_HORIZON_LRS = {1: (2e-3, 4e-3, 8e-3, 1.6e-2), 3: (2e-3, 4e-3, 8e-3, 1.6e-2), 10: (2e-3, 4e-3, 8e-3)}
+MOE_HORIZON_LRS = {1: (2e-3, 4e-3, 8e-3, 1.6e-2), 3: (2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2), 10: (4e-3, 8e-3, 1.6e-2)}
+MOE_HORIZON_SAME = {10: 8e-3}  # the same-lr row's lr where a grid leaves out the paper's
 HORIZON_DENSE, HORIZON_MOE = DENSE_LADDER[0], MOE_LADDER[0]
 
 
 def horizon_rung(horizon: int, figure: str, run: str, paper: float, shape: Shape,
-                 lrs: Optional[tuple[float, ...]] = None, compiled: bool = True) -> Comparison:
+                 lrs: Optional[tuple[float, ...]] = None, compiled: bool = True,
+                 same: Optional[float] = None) -> Comparison:
     """unified − baseline at `shape` over an lr grid (HORIZON_LRS[horizon] unless `lrs`), trained `horizon` × the
-    proxy's tokens (compiled fp32 unless `compiled` is false), at the paper's lr and with each at its best; read
-    against the paper's `paper` as lr_headline's rows are."""
+    proxy's tokens (compiled fp32 unless `compiled` is false), at the paper's lr (or `same`, for a grid without it)
+    and with each at its best; read against the paper's `paper` as lr_headline's rows are."""
     base, uni = pair(figure, run, None, shape)
     paper_lr = lr_text(load_config(FIGURES[figure].config(base.run)).optim.lr)
     texts = tuple(lr_text(lr) for lr in sorted(lrs or HORIZON_LRS[horizon]))
+    same_lr = lr_text(same) if same is not None else paper_lr
+    if same_lr not in texts:
+        raise ValueError(f"the horizon rung's same-lr row at {same_lr} is not in its grid {texts}")
     curves = tuple(Curve(f"{design} lr {lr}", figure, c.run, (f"optim.lr={lr}",), f"{c.suffix}-x{horizon}-lr{lr}",
                          shape=shape, horizon=horizon, defaults=("train.compile=true",) if compiled else ())
                    for lr in texts for design, c in (("baseline", base), ("unified", uni)))
     note = (f"Both deltas are read against the paper's {paper:+.4f}, the mean of its sizes, as the headline rung's are. "
             f"The runs train {horizon} × the proxy's tokens (repro/comparisons.py, HORIZONS), "
-            f"{'compiled' if compiled else 'eager'} fp32.")
+            f"{'compiled' if compiled else 'eager'} fp32."
+            + (f" Its same-lr row is at {same_lr}: the grid leaves out the paper's {paper_lr} (repro/comparisons.py, "
+               "MOE_HORIZON_SAME)." if same_lr != paper_lr else ""))
     return Comparison(f"fig{figure}-horizon_x{horizon}", f"The horizon, {'MoE' if shape.n_experts else 'dense'} ({shape.label}) at {horizon} × the "
                       f"proxy's tokens, unified vs baseline over an lr grid", "docs/paper.md §3.1, §3.6, §4.5", curves,
-                      kind="lr_grid", grid=LrGrid("baseline", "unified", texts, paper_lr, paper, paper,
+                      kind="lr_grid", grid=LrGrid("baseline", "unified", texts, same_lr, paper, paper,
                                                   ("baseline", "unified", "WikiText-2 baseline", "WikiText-2 unified"),
                                                   "unified − baseline", note), horizon=horizon)
 

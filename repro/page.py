@@ -203,17 +203,19 @@ def seeds_per_curve(res: Results) -> str:
 
 
 def scope(res: Results, retuned: bool = False) -> list[str]:
-    """The eval set the runs read (repro/sources.py: from the runs), and what of v3's reading the runs cannot do
+    """The eval set the runs read (repro/sources.py: from the runs), and what of today's reading the runs cannot do
     yet (what needs new runs; best lr against best lr until `retuned`, the headline's lr grids all run); v2's runs
     read the val split's first tokens (one source)."""
-    rules = ("labels that say when an interval excludes the paper's value or cannot tell, a count over linearly "
-             "independent rows with Holm and Benjamini–Hochberg corrections, bootstrap intervals on every multiplier "
-             "and crossing, and the seeds each central claim needs")
+    rules = ("each design of an lr grid at its best lr, picked on the pilot's seeds; labels that say when an interval "
+             "fixes the paper's size (a half-width at most half its |Δ|), excludes its value or cannot tell; a count "
+             "over linearly independent rows and lr picks with Holm and Benjamini–Hochberg corrections; bootstrap "
+             "intervals on every multiplier and crossing; each row's seeds fixed from its pilot; WikiText-2 beside "
+             "every claim")
     lines = composition_lines(res)
     item5 = "" if retuned else " and best lr against best lr for the headline"
     said, apart = (lines[0], []) if len(lines) == 1 else ("The runs read different eval sets (below).", ["", *lines])
     if res.loaded and all_prefix(res):
-        return [f"**Still the v2 runs, read with v3's rules.** {said} What is new is how the same runs are read: "
+        return [f"**Still the v2 runs, read with today's rules.** {said} What is new is how the same runs are read: "
                 f"{rules}. The proxy now evaluates on the training mixture "
                 "(`train.eval_sample: mixture` in configs/proxy/tiny.yaml: the whole validation split, a loss per "
                 "source); these runs predate it, and their deltas cannot be paired with runs that read it. Not run "
@@ -229,7 +231,7 @@ def scope(res: Results, retuned: bool = False) -> list[str]:
     powered = ("" if short else f" Every one of the {len(CENTRAL) + len(horizon_heads(res))} claims above the tables "
                f"has the seeds for an MDE at or below the larger of its |Δ| and {MDE_FLOOR:g} (the count below).")
     return [f"**The eval set.** {said}", *apart, "",
-            f"Read with v3's rules: {rules}." + powered
+            f"Read with today's rules (every page is rebuilt with them): {rules}." + powered
             + (f" Not done yet: {' and '.join(todo)}." if todo else "")]
 
 

@@ -450,6 +450,8 @@ def horizon_section(res: Results, img_dir: Path) -> list[str]:
         name = comps[0].title.split(" at ")[0]
         out += [f"### {name}: unified − baseline against tokens per compute parameter", ""]
         points = horizon_points(res, comps)
+        sames = sorted({c.grid.same for c in comps}, key=float)  # one lr, or each rung's (a grid without the paper's)
+        same_name = f"same lr ({sames[0]})" if len(sames) == 1 else "same lr (each rung's)"
         if points:
             out += ["| × the proxy's tokens | tokens per compute parameter | seeds | best lr (baseline, unified) | "
                     "each at its best lr [95 % CI] | verdict | same lr [95 % CI] | WikiText-2, each at its best |",
@@ -459,7 +461,8 @@ def horizon_section(res: Results, img_dir: Path) -> list[str]:
             lrs = (f"{res.best_lr(p.comp, g.reference)}, {res.best_lr(p.comp, g.ours)}" if best else "–")
             out.append(f"| {p.comp.horizon} | {p.tokens_per_param:.1f} | {best.delta.n if best else p.same.delta.n} | "
                        f"{lrs} | {fmt(best.delta, True) if best else '–'} | "
-                       f"{verdict_class(best.delta, best.paper) if best else '–'} | {fmt(p.same.delta, True)} | "
+                       f"{verdict_class(best.delta, best.paper) if best else '–'} | {fmt(p.same.delta, True)}"
+                       f"{'' if len(sames) == 1 else f' at {g.same}'} | "
                        f"{fmt(best.wiki, True) if best else '–'} |")
         waiting = [c for c in comps if res.missing(c)]
         out.append("")
@@ -473,7 +476,7 @@ def horizon_section(res: Results, img_dir: Path) -> list[str]:
         if points:
             paper = points[0].same.paper
             series = {"each at its best lr": [(p.tokens_per_param, p.best.delta) for p in points if p.best],
-                      f"same lr ({comps[0].grid.same})": [(p.tokens_per_param, p.same.delta) for p in points]}
+                      same_name: [(p.tokens_per_param, p.same.delta) for p in points]}
             plot_horizon(series, paper, f"{name}: unified − baseline", img_dir / f"{key}.png")
             out += [f"![{name}](img/{img_dir.name}/{key}.png)", ""]
     return out

@@ -12,14 +12,14 @@ import pytest
 
 from config import load_config
 from repro import proxy
-from repro.comparisons import (HORIZON_DENSE, HORIZON_LRS, HORIZON_MOE, HORIZONS, MOE_HORIZON_LRS, Plan,
-                               horizon_rung, lr_text)
+from repro.comparisons import (HORIZON_DENSE, HORIZON_LRS, HORIZON_MOE, HORIZONS, MOE_HORIZON_LRS,
+                               MOE_HORIZON_SAME, Plan, horizon_rung, lr_text)
 from repro.experiments import config_of
 from repro.measure import Results
 from repro.runner import plan_runs
 from repro.sections import horizon_section
-from repro.stats import (GROWS, H_APPEARS, H_FADES, H_NONE, H_REVERSES, HOLDS, SHRINKS, TOO_FEW, Stat, over_horizon,
-                         t975, welch)
+from repro.stats import (GROWS, H_APPEARS, H_FADES, H_NONE, H_REVERSES, HOLDS, SHRINKS, TOO_FEW, Stat, fmt,
+                         over_horizon, t975, welch)
 
 
 def test_a_horizon_trains_more_steps_of_the_same_batch():
@@ -46,11 +46,17 @@ def test_a_horizon_trains_more_steps_of_the_same_batch():
     tokens = base.train.steps * base.train.global_batch * base.data.seq_len
     assert tokens / proxy.compute_params(base) >= 100
     assert tokens <= proxy.MAX_PASSES * proxy.BUILTIN_BPE1024_TRAIN_TOKENS
-    moe = {h: config_of(by_name[where[(f"fig7-horizon_x{h}/unified lr 2e-3", 0)].name].job.argv) for h in HORIZONS}
+    moe = {h: config_of(by_name[where[(f"fig7-horizon_x{h}/unified lr 8e-3", 0)].name].job.argv) for h in HORIZONS}
     assert [moe[h].train.compile for h in HORIZONS] == [False, False, True]  # the compile pays only at 10 ×
     assert all(moe[h].model.moe.n_experts == HORIZON_MOE.n_experts for h in HORIZONS)
-    assert all(2e-3 in MOE_HORIZON_LRS[h] and len(MOE_HORIZON_LRS[h]) >= 3 for h in HORIZONS)  # the paper's lr in each
-    assert max(MOE_HORIZON_LRS[1]) == max(MOE_HORIZON_LRS[3]) == 1.6e-2  # 8e-3 best at the edge on 4 seeds
+    assert all(len(MOE_HORIZON_LRS[h]) >= 3 for h in HORIZONS)
+    # the grids follow the pilots' best lrs up: 1.6e-2 best at 3 × on 4 seeds, the edge, so 3 × goes to 3.2e-2; 10 ×
+    # leaves out the paper's 2e-3 and reads its same-lr row at 8e-3
+    assert max(MOE_HORIZON_LRS[1]) == 1.6e-2 and max(MOE_HORIZON_LRS[3]) == 3.2e-2
+    grids = {c.horizon: c.grid for c in Plan(1).comparisons if c.key.startswith("fig7-horizon")}
+    assert [grids[h].same for h in HORIZONS] == ["2e-3", "2e-3", "8e-3"] and MOE_HORIZON_SAME == {10: 8e-3}
+    with pytest.raises(ValueError, match="same-lr row at 2e-3 is not in its grid"):
+        horizon_rung(10, "7", "0.5b", -0.0291, HORIZON_MOE, (4e-3, 8e-3))
     eager = Plan(1, overrides=("train.compile=false",))
     uniques, where = plan_runs(eager, "runs/x")
     run = where[("fig6-horizon_x10/baseline lr 4e-3", 0)].name
@@ -92,11 +98,12 @@ FINALS = {1: {"baseline lr 2e-3": 3.2, "unified lr 2e-3": 3.18, "baseline lr 4e-
 NOISE = (0.0, 0.002, -0.002)  # per seed; unified's twice the baseline's, so the deltas have a spread
 
 
-def horizon_family(tmp_path: Path, horizons: tuple[int, ...], finals=FINALS, wiki=None):
+def horizon_family(tmp_path: Path, horizons: tuple[int, ...], finals=FINALS, wiki=None, same=None):
     """The dense horizon rungs at `horizons` over a 2-lr grid, 3 seeds, runs at `finals` where it has the horizon
-    (none elsewhere), WikiText-2 1 above val but where `wiki` ({(horizon, curve): gap}) says: the Results and the
-    comparisons."""
-    comps = [horizon_rung(h, "6", "0.12b", -0.0302, HORIZON_DENSE, (2e-3, 4e-3)) for h in horizons]
+    (none elsewhere), WikiText-2 1 above val but where `wiki` ({(horizon, curve): gap}) says, the same-lr row at the
+    paper's 4e-3 but where `same` ({horizon: lr}) says: the Results and the comparisons."""
+    comps = [horizon_rung(h, "6", "0.12b", -0.0302, HORIZON_DENSE, (2e-3, 4e-3), same=(same or {}).get(h))
+             for h in horizons]
     n = proxy.compute_params(load_config("configs/tiny_cpu.yaml"))
     where = {}
     for comp in comps:
@@ -201,3 +208,15 @@ def test_a_page_with_a_horizon_run_is_v4_read_against_v3(tmp_path):
     res = Results(res.plan, res.where, "wiki")
     assert past_page(res)[0] == "v4" and past_page(res)[1].name == "v3"
     assert versus_past(res)[0] == "### v4 against v3"
+
+
+def test_a_rung_whose_grid_leaves_out_the_papers_lr_reads_its_same_lr_row_elsewhere(tmp_path):
+    """The 10 × rung's same-lr row at 2e-3 (its grid has no paper's lr to offer, as the MoE's 10 × grid has not): the
+    table names each rung's same lr, the note says why, and the best-vs-best rows are as before."""
+    res, comps = horizon_family(tmp_path, (1, 10), same={10: 2e-3})
+    text = "\n".join(horizon_section(res, tmp_path / "img"))
+    same1, same10 = res.rows_of(comps[0])[0], res.rows_of(comps[1])[0]
+    assert same1.label == "same lr (4e-3)" and same10.label == "same lr (2e-3)"
+    assert f"| {fmt(same1.delta, True)} at 4e-3 |" in text and f"| {fmt(same10.delta, True)} at 2e-3 |" in text
+    assert "Its same-lr row is at 2e-3: the grid leaves out the paper's 4e-3" in comps[1].grid.note
+    assert "| 10 | 105.0 | 3 | 2e-3, 2e-3 | -0.0100 [" in text

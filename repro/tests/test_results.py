@@ -22,10 +22,10 @@ SEEDS = 2
 # 11 Fig. 5 runs; Fig. 1's grid at 2 lrs less its baseline at 4e-3 (Fig. 5's); Fig. 6's ladder less its d64 L4
 # rung (Fig. 5's baseline and hg_dnp_or_iwd); Figs. 8 and 9, dense and MoE; Fig. 7's 3 rungs; the headline lr grids
 # less their ×1 runs (the rungs'): dense less its baseline at 8e-3 (Fig. 1's), MoE at ×½, ×2, ×4 and ×8; the horizon
-# rungs' lrs over the three grids (dense 6, 1e-3 to 3.2e-2; MoE 4, 2e-3 to 1.6e-2), one experiment for every horizon
+# rungs' lrs over the three grids (dense 6, 1e-3 to 3.2e-2; MoE 5, 2e-3 to 3.2e-2), one experiment for every horizon
 # here (2 steps each, eager), less the pair that is a ladder rung's (dense at 4e-3, MoE at 2e-3); the magnitudes'
 # undecayed and bf16 runs: per seed.
-EXPERIMENTS = 11 + 3 + 6 + 4 + 4 + 6 + 3 + 8 + 10 + 6 + 2
+EXPERIMENTS = 11 + 3 + 6 + 4 + 4 + 6 + 3 + 8 + 10 + 8 + 2
 # Fig. 5's deltas, Fig. 1's two, Fig. 6's rungs, Figs. 8 and 9, Fig. 7's rungs, the headline grids' and the six
 # horizon rungs' two each, the magnitudes' two
 ROWS = 12 + 2 + 4 + 4 + 3 + 4 + 12 + 2
@@ -407,9 +407,9 @@ def test_every_planned_run_is_sized_by_the_proxy_rules():
     from repro.runner import plan_runs
     uniques, _ = plan_runs(Plan(4), "runs/results")
     # Fig. 1 at 1.6e-2 and the MoE headline at ×4 and ×8: 2 runs each; the horizon rungs: dense 5, 4 and 5 lrs of 2
-    # designs, the MoE's 4, 4 and 3, less the MoE's ×1 pair at 2e-3 (the d32 L2 E8 rung's); the magnitudes' A/B 2
+    # designs, the MoE's 4, 5 and 3, less the MoE's ×1 pair at 2e-3 (the d32 L2 E8 rung's); the magnitudes' A/B 2
     # (its IWD-as-today curve is the 10 × rung's unified run)
-    assert len(uniques) == (42 + 6 + 2 * 14 + 2 * 11 - 2 + 2) * 4
+    assert len(uniques) == (42 + 6 + 2 * 14 + 2 * 12 - 2 + 2) * 4
     ratios = {}
     for u in uniques:
         cfg = config_of(u.job.argv)

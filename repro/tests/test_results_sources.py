@@ -53,7 +53,7 @@ def test_the_v2_archive_says_it_was_evaluated_on_shakespeare_alone(v2_runs, data
     res = SimpleNamespace(loaded=v2_runs)
     assert composition_lines(res) == [V2_SENTENCE]
     text = " ".join(scope(res))
-    assert text.startswith("**Still the v2 runs, read with v3's rules.** " + V2_SENTENCE)
+    assert text.startswith("**Still the v2 runs, read with today's rules.** " + V2_SENTENCE)
     assert "these runs predate it, and their deltas cannot be paired with runs that read it" in text
     assert sources_of(res) == []  # no per-source losses: the page shows no per-source table
 
