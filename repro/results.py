@@ -3,7 +3,7 @@
     python -m repro.results                         # run what is missing (4 seeds each), then write docs/results.md
     python -m repro.results --page-only             # rewrite the page from the runs as they are, run nothing
     python -m repro.results --page-only --archive runs.jsonl.gz     # and keep what it read, to rewrite it later
-    python -m repro.results --restore docs/results_runs_v3.jsonl.gz     # continue from an archive's runs
+    python -m repro.results --restore docs/results_runs_v4.jsonl.gz     # continue from an archive's runs
     python -m repro.results --dry-run               # list the runs and their commands
     python -m repro.results --seeds 8 -- key=value     # more seeds; key=value after -- goes to every run
     python -m repro.results --seeds 12 --only 'fig6-ladder/* d64 L4'     # more seeds for one comparison's runs
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--page-only", action="store_true", help="write the page from the runs as they are")
     p.add_argument("--archive", type=Path, metavar="DIR", help="then copy what the page reads (each finished run's "
                    "config.yaml and metrics.jsonl, the CPU ledger) to DIR: a .jsonl.gz names one compact file, "
-                   "e.g. docs/results_runs_v3.jsonl.gz")
+                   "e.g. docs/results_runs_v4.jsonl.gz")
     p.add_argument("--restore", type=Path, metavar="DIR", help="first copy an archive's finished runs (and their "
                    "CPU seconds) into --out-dir where it lacks them, e.g. to continue in a fresh checkout")
     p.add_argument("--only", nargs="+", metavar="CURVES", help="train only these curves' runs, each a pattern of "
