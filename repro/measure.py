@@ -178,8 +178,9 @@ class Results:
 
     def grid_contrasts(self, comp: Comparison) -> list[Row]:
         """The contrasts that pick an lr grid's best lrs: for each design, its best lr − its runner-up (the next
-        lowest mean over the pick's seeds, pick_seeds), paired by every seed both have run. A best-vs-best verdict rests on them, so they join the
-        page's multiple-comparison family (repro/reading.py, family); they have no paper value and no verdict."""
+        lowest mean over the pick's seeds, pick_seeds), paired by every seed both have run. A best-vs-best verdict
+        rests on them, so they join the page's multiple-comparison family (repro/reading.py, family); they have no
+        paper value and no verdict."""
         if comp.kind != "lr_grid" or self.unread(comp):
             return []
         out = []

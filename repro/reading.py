@@ -173,13 +173,13 @@ def horizon_lines(res: Results, holm_of: dict[int, str]) -> list[str]:
         if not points:
             continue
         p, g = points[-1], points[-1].comp.grid
-        name = p.comp.title.split(" at ")[0].removeprefix("The horizon, ")
+        name = horizon_name(p.comp)
         lrs = (f"of {', '.join(res.ran_lrs(p.comp))}: {g.ours} {res.best_lr(p.comp, g.ours)}, {g.reference} "
                f"{res.best_lr(p.comp, g.reference)}")
         trend = horizon_trend(points)
         # Holm's verdict is the first row with these runs (best against best can be the same-lr row)
         shown = p.best if p.best.same_as is None else next(r for r in res.rows if r.title == p.best.same_as)
-        out.append(f"- {name[0].upper() + name[1:]} unified vs baseline at {p.tokens_per_param:.3g} tokens per compute "
+        out.append(f"- {name} unified vs baseline at {p.tokens_per_param:.3g} tokens per compute "
                    f"parameter, each at its best lr ({lrs}): {delta_text(p.best)}: "
                    f"**{verdict_class(p.best.delta, p.best.paper)}**{holm_of.get(id(shown), '')}{wiki_text(p.best)}."
                    + grid_edge(res, p.comp) + (f" {trend}" if trend else ""))
@@ -338,6 +338,12 @@ def target_mde(r: Row) -> float:
     return max(abs(r.paper), MDE_FLOOR) if r.paper is not None else MDE_FLOOR
 
 
+def horizon_name(comp: Comparison) -> str:
+    """A horizon rung's model and shape, capitalized: "Dense (d32 L4)"."""
+    name = comp.title.split(" at ")[0].removeprefix("The horizon, ")
+    return name[0].upper() + name[1:]
+
+
 def horizon_heads(res: Results) -> list[tuple[str, Row]]:
     """Each horizon family's headline: its longest rung read, each design at its best lr (the page's first claims)."""
     out = []
@@ -345,10 +351,8 @@ def horizon_heads(res: Results) -> list[tuple[str, Row]]:
         points = [p for p in horizon_points(res, comps) if p.best is not None and p.best.delta is not None]
         if points:
             p = points[-1]
-            name = p.comp.title.split(" at ")[0].removeprefix("The horizon, ")
-            out.append((f"{name[0].upper() + name[1:]} at {p.tokens_per_param:.3g} tokens per compute parameter, "
-                        "each at its best lr",
-                        p.best))
+            out.append((f"{horizon_name(p.comp)} at {p.tokens_per_param:.3g} tokens per compute parameter, each at "
+                        "its best lr", p.best))
     return out
 
 
