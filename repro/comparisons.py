@@ -136,7 +136,7 @@ def default_comparisons(lrs: tuple[float, ...]) -> list[Comparison]:
     # The horizon (results v4): the dense headline at HORIZONS × the proxy's tokens, each with its own lr grid.
     out += [horizon_rung(h, "6", "0.12b", mean(FIG6_DELTAS.values()), HORIZON_DENSE) for h in HORIZONS]
     out += [horizon_rung(h, "7", "0.5b", mean(FIG7_DELTAS.values()), HORIZON_MOE, MOE_HORIZON_LRS[h],
-                         compiled=h == max(HORIZONS), same=MOE_HORIZON_SAME.get(h)) for h in HORIZONS]
+                         compiled=h == max(HORIZONS)) for h in HORIZONS]
     out.append(magnitudes_ab(max(HORIZONS), MAGNITUDES_LR, HORIZON_DENSE))
     return out
 
@@ -157,14 +157,14 @@ def default_comparisons(lrs: tuple[float, ...]) -> list[Comparison]:
 # where its pilots put the optimum, a third of the cost of 5 at the 10 × rung, which holds 80 % of the MoE horizon's
 # CPU time; a grid whose best lr is its edge is extended before its seeds are planned. On the pilots' 4 seeds the
 # MoE's best lrs moved up, not down: 8e-3 (baseline) and 4e-3 (unified) at 1 ×; at 3 × both 8e-3 over 2e-3..8e-3,
-# then the baseline 1.6e-2 once the grid went there. So the 3 × grid goes to 3.2e-2, and the 10 × grid is
-# 4e-3..1.6e-2 around both optima: it leaves out the paper's 2e-3 (the worst lr of both designs at 3 ×), so its
-# same-lr row is at 8e-3 (MOE_HORIZON_SAME).
+# then the baseline 1.6e-2 once the grid went there. So the 3 × grid goes to 3.2e-2. The 10 × grid started at
+# 4e-3..1.6e-2 around both optima; on its pilot's 4 seeds unified was best at 4e-3, that grid's edge, so it goes
+# down to the paper's 2e-3 (a grid without the paper's lr would read its same-lr row elsewhere: horizon_rung's `same`).
 HORIZONS = (1, 3, 10)
 HORIZON_LRS = {1: (2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2), 3: (2e-3, 4e-3, 8e-3, 1.6e-2),
                10: (1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2)}
-MOE_HORIZON_LRS = {1: (2e-3, 4e-3, 8e-3, 1.6e-2), 3: (2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2), 10: (4e-3, 8e-3, 1.6e-2)}
-MOE_HORIZON_SAME = {10: 8e-3}  # the same-lr row's lr where a grid leaves out the paper's
+MOE_HORIZON_LRS = {1: (2e-3, 4e-3, 8e-3, 1.6e-2), 3: (2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2),
+                   10: (2e-3, 4e-3, 8e-3, 1.6e-2)}
 HORIZON_DENSE, HORIZON_MOE = DENSE_LADDER[0], MOE_LADDER[0]
 
 
@@ -187,7 +187,7 @@ def horizon_rung(horizon: int, figure: str, run: str, paper: float, shape: Shape
             f"The runs train {horizon} × the proxy's tokens (repro/comparisons.py, HORIZONS), "
             f"{'compiled' if compiled else 'eager'} fp32."
             + (f" Its same-lr row is at {same_lr}: the grid leaves out the paper's {paper_lr} (repro/comparisons.py, "
-               "MOE_HORIZON_SAME)." if same_lr != paper_lr else ""))
+               "horizon_rung)." if same_lr != paper_lr else ""))
     return Comparison(f"fig{figure}-horizon_x{horizon}", f"The horizon, {'MoE' if shape.n_experts else 'dense'} ({shape.label}) at {horizon} × the "
                       f"proxy's tokens, unified vs baseline over an lr grid", "docs/paper.md §3.1, §3.6, §4.5", curves,
                       kind="lr_grid", grid=LrGrid("baseline", "unified", texts, same_lr, paper, paper,

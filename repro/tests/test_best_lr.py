@@ -77,9 +77,9 @@ def test_only_selects_the_new_runs_of_item_5(capsys):
     assert len(picked) == 8 * 4
     assert sum(u.job.run_name.startswith("fig1-baseline-tiny-lr") for u in picked) == 2 * 4
     # the headline grids add 6 runs per seed (dense unified ×½ ×2, MoE's four); Fig. 1's 1.6e-2, the MoE's ×4 and ×8
-    # 6 more, the horizon rungs 50 (dense 5 lrs at 1 × and 10 ×, 4 at 3 ×; the MoE 4, 5, 3; 2 of the MoE's 1 × runs
+    # 6 more, the horizon rungs 52 (dense 5 lrs at 1 × and 10 ×, 4 at 3 ×; the MoE 4, 5, 4; 2 of the MoE's 1 × runs
     # are the ladder's), the magnitudes' A/B 2 (its IWD-as-today curve is the 10 × rung's unified run)
-    assert len(uniques) == (42 + 6 + 50 + 2) * 4
+    assert len(uniques) == (42 + 6 + 52 + 2) * 4
     assert results.main(["--dry-run", "--out-dir", "runs/x", "--only", *only]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 32
 

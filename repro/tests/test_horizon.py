@@ -13,7 +13,7 @@ import pytest
 from config import load_config
 from repro import proxy
 from repro.comparisons import (HORIZON_DENSE, HORIZON_LRS, HORIZON_MOE, HORIZONS, MOE_HORIZON_LRS,
-                               MOE_HORIZON_SAME, Plan, horizon_rung, lr_text)
+                               Plan, horizon_rung, lr_text)
 from repro.experiments import config_of
 from repro.measure import Results
 from repro.runner import plan_runs
@@ -50,11 +50,11 @@ def test_a_horizon_trains_more_steps_of_the_same_batch():
     assert [moe[h].train.compile for h in HORIZONS] == [False, False, True]  # the compile pays only at 10 ×
     assert all(moe[h].model.moe.n_experts == HORIZON_MOE.n_experts for h in HORIZONS)
     assert all(len(MOE_HORIZON_LRS[h]) >= 3 for h in HORIZONS)
-    # the grids follow the pilots' best lrs up: 1.6e-2 best at 3 × on 4 seeds, the edge, so 3 × goes to 3.2e-2; 10 ×
-    # leaves out the paper's 2e-3 and reads its same-lr row at 8e-3
-    assert max(MOE_HORIZON_LRS[1]) == 1.6e-2 and max(MOE_HORIZON_LRS[3]) == 3.2e-2
+    # the grids follow the pilots' best lrs: 1.6e-2 best at 3 × on 4 seeds, the edge, so 3 × goes to 3.2e-2; 4e-3
+    # best at 10 × over 4e-3..1.6e-2, so 10 × goes down to the paper's 2e-3, where every rung reads its same-lr row
+    assert max(MOE_HORIZON_LRS[1]) == 1.6e-2 and max(MOE_HORIZON_LRS[3]) == 3.2e-2 and min(MOE_HORIZON_LRS[10]) == 2e-3
     grids = {c.horizon: c.grid for c in Plan(1).comparisons if c.key.startswith("fig7-horizon")}
-    assert [grids[h].same for h in HORIZONS] == ["2e-3", "2e-3", "8e-3"] and MOE_HORIZON_SAME == {10: 8e-3}
+    assert [grids[h].same for h in HORIZONS] == ["2e-3", "2e-3", "2e-3"]
     with pytest.raises(ValueError, match="same-lr row at 2e-3 is not in its grid"):
         horizon_rung(10, "7", "0.5b", -0.0291, HORIZON_MOE, (4e-3, 8e-3))
     eager = Plan(1, overrides=("train.compile=false",))

@@ -407,9 +407,9 @@ def test_every_planned_run_is_sized_by_the_proxy_rules():
     from repro.runner import plan_runs
     uniques, _ = plan_runs(Plan(4), "runs/results")
     # Fig. 1 at 1.6e-2 and the MoE headline at ×4 and ×8: 2 runs each; the horizon rungs: dense 5, 4 and 5 lrs of 2
-    # designs, the MoE's 4, 5 and 3, less the MoE's ×1 pair at 2e-3 (the d32 L2 E8 rung's); the magnitudes' A/B 2
+    # designs, the MoE's 4, 5 and 4, less the MoE's ×1 pair at 2e-3 (the d32 L2 E8 rung's); the magnitudes' A/B 2
     # (its IWD-as-today curve is the 10 × rung's unified run)
-    assert len(uniques) == (42 + 6 + 2 * 14 + 2 * 12 - 2 + 2) * 4
+    assert len(uniques) == (42 + 6 + 2 * 14 + 2 * 13 - 2 + 2) * 4
     ratios = {}
     for u in uniques:
         cfg = config_of(u.job.argv)
