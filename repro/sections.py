@@ -439,7 +439,9 @@ def change_text(a: Stat, b: Stat) -> str:
     """A delta at the shortest and the longest horizon, their Welch difference and the verdict (over_horizon)."""
     d = welch(a, b) if a.n >= 2 and b.n >= 2 else None
     diff = f"; the change {d.mean:+.4f} ± {d.half:.4f} (Welch, 95 %)" if d else ""
-    return f"{fmt(a, True)} to {fmt(b, True)}{diff}: **the verdict {HORIZON_WORDS[over_horizon(a, b)]}**"
+    verdict = over_horizon(a, b)
+    leader = f", {'unified' if b.mean < 0 else 'baseline'} ahead" if verdict == H_APPEARS else ""  # which way it came
+    return f"{fmt(a, True)} to {fmt(b, True)}{diff}: **the verdict {HORIZON_WORDS[verdict]}{leader}**"
 
 
 def horizon_section(res: Results, img_dir: Path) -> list[str]:

@@ -17,7 +17,7 @@ from repro.comparisons import (HORIZON_DENSE, HORIZON_LRS, HORIZON_MOE, HORIZONS
 from repro.experiments import config_of
 from repro.measure import Results
 from repro.runner import plan_runs
-from repro.sections import horizon_section
+from repro.sections import change_text, horizon_section
 from repro.stats import (GROWS, H_APPEARS, H_FADES, H_NONE, H_REVERSES, HOLDS, SHRINKS, TOO_FEW, Stat, fmt,
                          over_horizon, t975, welch)
 
@@ -72,6 +72,10 @@ def test_what_a_longer_horizon_does_to_a_delta():
     assert over_horizon(lead, Stat(+0.03, 0.01, 8)) == H_REVERSES
     assert over_horizon(Stat(-0.01, 0.05, 4), lead) == H_APPEARS
     assert over_horizon(Stat(-0.01, 0.05, 4), Stat(0.0, 0.05, 4)) == H_NONE
+    # a delta that appears says which design it favours: on WikiText-2 it can be the baseline
+    assert change_text(Stat(-0.01, 0.05, 4), Stat(+0.04, 0.01, 8)).endswith(
+        "**the verdict appears only at the longer horizon, baseline ahead**")
+    assert change_text(Stat(+0.01, 0.05, 4), lead).endswith("appears only at the longer horizon, unified ahead**")
     assert over_horizon(lead, Stat(-0.05, 0.0, 1)) == TOO_FEW and over_horizon(None, lead) == TOO_FEW
     # Welch by hand: variances of the means 0.01²/4 and 0.02²/9, Welch–Satterthwaite's df rounded down
     a, b = Stat(-0.04, 0.01, 4), Stat(-0.01, 0.02, 9)
