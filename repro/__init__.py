@@ -16,7 +16,8 @@ The framework imports none of it.
     measure.py      what the runs measured per comparison (rows, curves, shared runs)
     contrasts.py    which rows are sums of others: the basis the page counts over
     plotting.py     figures, Δ-loss curves with bands, scaling-law plots
-    sections.py     one comparison's part of the page
+    sections.py     one comparison's part of the page; horizon_section.py the horizon's, magnitude_section.py
+                    the magnitudes'
     reading.py      the reading in plain words, the count behind it, the power on the central claims, v1 against v2
     page.py         docs/results.md (repro/results.py writes it); versions.py keeps the earlier pages' numbers
 """

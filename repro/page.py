@@ -20,8 +20,9 @@ from repro.measure import Results
 from repro.reading import (CENTRAL, MDE_FLOOR, count_section, horizon_heads, plain_reading, retuned_done,
                            short_of_power)
 from runs import Run
+from repro.horizon_section import horizon_families, horizon_section
 from repro.magnitude_section import magnitudes_section
-from repro.sections import horizon_families, horizon_section, ladder_section, lr_grid_section, panel_section
+from repro.sections import ladder_section, lr_grid_section, panel_section
 from repro.sources import all_prefix, composition_lines, eval_read, source_table
 
 class Sizes:

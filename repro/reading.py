@@ -11,11 +11,11 @@ from typing import Optional
 
 from repro.comparisons import Comparison
 from repro.contrasts import Contrasts, combination_text, contrasts
-from repro.laws import LadderLaw, ratio_text, times, times_interval, times_text
 from repro.measure import PILOT_SEEDS, Results, Row
 from repro.proxy import DENSE, MOE, TOKENS_PER_PARAM
-from repro.sections import (crossing_log, grid_edge, horizon_families, horizon_points, horizon_trend, law_of,
-                            lead_after_retuning, lead_at_shared_best, shared_best)
+from repro.horizon_section import horizon_families, horizon_points, horizon_trend
+from repro.sections import (grid_edge, ladder_at_best_lr, law_of, law_sentence, lead_after_retuning, lead_at_shared_best,
+                            shared_best)
 from repro.sources import all_prefix
 from repro.significance import benjamini_hochberg, holm, p_value, seeds_for
 from repro.stats import (ALPHA, CONSISTENT, CONTRADICTS, FAR, LARGER, REPRODUCES, RULED_OUT, SMALLER, UNDECIDED,
@@ -159,12 +159,12 @@ def plain_reading(res: Results) -> list[str]:
     for comp in res.plan.comparisons:
         law = law_of(res, comp) if comp.kind == "ladder" else None
         if law is not None and law.boot is not None:
-            out += ["", law_sentence(comp, law)]
+            out += ["", law_sentence(comp, law) + ladder_at_best_lr(res, comp)]
     return out + [""]
 
 
 def horizon_lines(res: Results, holm_of: dict[int, str]) -> list[str]:
-    """The headline at the longest horizon that has run, each design at its best lr (repro/sections.py,
+    """The headline at the longest horizon that has run, each design at its best lr (repro/horizon_section.py,
     horizon_section): its delta, label, Holm verdict and WikiText-2 delta, and what the horizon did to it; nothing
     before a horizon rung has run."""
     out = []
@@ -250,37 +250,6 @@ def count_sentence(res: Results, c: Contrasts) -> str:
             f"{len(c.basis)}, {len(resolved)} resolve at 95 % one by one; {sum(by_holm)} "
             f"{'survives' if sum(by_holm) == 1 else 'survive'} Holm's correction for the family (5 % family-wise: "
             f"{named(by_holm)}) and {sum(by_bh)} Benjamini–Hochberg's (5 % false discoveries: {named(by_bh)}).")
-
-
-def law_sentence(comp: Comparison, law: LadderLaw) -> str:
-    """A ladder's laws in one sentence, every multiplier and crossing with its bootstrap interval."""
-    boot, head = law.boot, comp.title.split(",")[0]
-    paper = f" against the paper's {comp.paper_multiplier:.2f}× from parallel laws" if comp.paper_multiplier else ""
-    d = law.exponent_diff
-    exps = (f"the exponents differ by {d.mean:+.4f} [{d.lo:+.4f}, {d.hi:+.4f}]" if law.parallel is not None
-            else "the exponents' difference has no interval")
-    if law.parallel:
-        text = (f"{head}'s laws are parallel within their interval ({exps}); the ladder's multiplier is "
-                f"{times_text(law.log_mean)} (bootstrap over seeds {times_interval(boot.log_mean)}, t over the "
-                f"seeds' own laws {times(law.mean_multiplier)}){paper}")
-        if law.log_headline is not None:
-            text += "."
-        elif law.falling:
-            text += (": the t interval holds 1, so the page gives it no headline (the percentile bootstrap, "
-                     f"resampling only the {law.exponent_diff.n} seeds there are, is the narrower of the two).")
-        else:
-            text += ": a law whose loss does not fall with compute gives no multiplier."
-    else:
-        text = (f"{head}'s laws are not parallel ({exps}): the multiplier runs from "
-                f"{times_text(law.log_multipliers[0])} {times_interval(boot.log_multipliers[0])} at the smallest rung "
-                f"to {times_text(law.log_multipliers[-1])} {times_interval(boot.log_multipliers[-1])} at the largest"
-                f"{paper}")
-        cross = law.crossing
-        if cross is not None and 0 < cross < float("inf"):
-            text += (f", and the seed-mean laws cross at {ratio_text(crossing_log(law))} the largest rung's compute "
-                     f"(bootstrap {times_interval(boot.log_crossing, ratio_text)})")
-        text += "."
-    return text
 
 
 def count_section(res: Results, orderings: list[bool]) -> list[str]:

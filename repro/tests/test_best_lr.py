@@ -20,7 +20,7 @@ from repro.proxy import DENSE, MOE
 from repro.reading import count_section, plain_reading, retuned_done
 from repro.runner import plan_runs, select_runs
 from repro.sections import lr_grid_section
-from repro.stats import (APPEARS, FADES, NO_LEAD, REVERSES, SURVIVES, TOO_FEW, Stat, retuned, verdict_class)
+from repro.stats import (APPEARS, FADES, NO_LEAD, REVERSES, SURVIVES, TOO_FEW, Stat, fmt, retuned, verdict_class)
 
 HEADLINES = (("fig6-best_lr", "fig6-ladder", DENSE, "6", "0.12b"), ("fig7-best_lr", "fig7-ladder", MOE, "7", "0.5b"))
 
@@ -336,3 +336,28 @@ def test_the_not_run_line_asks_for_the_seeds_the_grid_has_run(tmp_path):
     line = lr_grid_section(Results(plan, where, "wiki"), grid, tmp_path / "img")[2]
     assert line.startswith("**Not run yet:** 2 of its 6 curves have no finished run")
     assert "`python -m repro.results --seeds 3 --only 'fig6-best_lr/unified lr 2e-3' " in line
+
+
+def test_a_ladder_says_whether_its_rungs_lead_survives_retuning(tmp_path):
+    """The ladder trains at the paper's lr. Where the headline grid shares its rung, the law's sentence adds the rung
+    with each design at its best lr, and says when the lead at the paper's lr does not survive there (the multiplier
+    may be lr tolerance); a ladder with no such grid adds nothing."""
+    from repro.sections import ladder_at_best_lr
+    plan, where, grid = dense_plan(tmp_path / "differ", BEST_DIFFER, WOBBLE)
+    res = Results(plan, where, "wiki")
+    ladder = plan.comparisons[0]
+    best = res.rows_of(grid)[1]
+    text = ladder_at_best_lr(res, ladder)
+    assert text.startswith(f" Every rung trains at the paper's lr; with each design at its best lr, unified − baseline"
+                           f" is {fmt(best.delta, True)} at {DENSE.label}: the lead at the paper's lr does not survive "
+                           f"retuning at {DENSE.label}, so the multiplier may be unified's tolerance")
+    # both best at 4e-3, the rung's lr: the lead is the rung's, and it stands
+    same = {**BEST_DIFFER, "baseline lr 2e-3": 3.10}
+    plan, where, grid = dense_plan(tmp_path / "same", same, WOBBLE)
+    res = Results(plan, where, "wiki")
+    text = ladder_at_best_lr(res, plan.comparisons[0])
+    best = res.rows_of(grid)[1]
+    assert best.delta.mean == pytest.approx(-0.06 + sum(WOBBLE["unified lr 4e-3"]) / SEEDS)
+    assert text.endswith(f"unified − baseline is {fmt(best.delta, True)} at {DENSE.label}.")
+    plan.comparisons = plan.comparisons[:1]
+    assert ladder_at_best_lr(Results(plan, where, "wiki"), plan.comparisons[0]) == ""

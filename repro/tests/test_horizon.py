@@ -17,7 +17,7 @@ from repro.comparisons import (HORIZON_DENSE, HORIZON_LRS, HORIZON_MOE, HORIZONS
 from repro.experiments import config_of
 from repro.measure import Results
 from repro.runner import plan_runs
-from repro.sections import change_text, horizon_section
+from repro.horizon_section import change_text, horizon_section
 from repro.stats import (GROWS, H_APPEARS, H_FADES, H_NONE, H_REVERSES, HOLDS, SHRINKS, TOO_FEW, Stat, fmt,
                          over_horizon, t975, welch)
 
