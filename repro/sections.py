@@ -413,11 +413,9 @@ def ladder_at_best_lr(res: Results, comp: Comparison) -> str:
             read.append((rungs[rows[0].same_as], rows[1]))
     if not read:
         return ""
-    survives = lambda rung, best: (rung.delta is not None and rung.delta.resolved and best.delta.resolved  # noqa: E731
-                                   and (rung.delta.mean < 0) == (best.delta.mean < 0))
     text = (" Every rung trains at the paper's lr; with each design at its best lr, unified − baseline is "
             + "; ".join(f"{fmt(best.delta, True)} at {rung.label}" for rung, best in read))
-    lost = [rung.label for rung, best in read if not survives(rung, best)]
+    lost = [rung.label for rung, best in read if retuned(rung.delta, best.delta) in (FADES, REVERSES)]
     if lost:
         text += (f": the lead at the paper's lr does not survive retuning at {', '.join(lost)}, so the multiplier "
                  "may be unified's tolerance of a low lr as much as its efficiency")
