@@ -69,8 +69,8 @@ def ordering(res: Results, comp: Comparison, metric: str) -> list[str]:
 
 
 def panel_section(res: Results, comp: Comparison, img_dir: Path) -> tuple[list[str], Optional[bool]]:
-    """A panel of curves against curves[0]; returns its lines and, for ≥ 3 curves, whether WikiText-2 orders them as
-    the validation loss does."""
+    """A panel of curves against curves[0]; returns its lines and, where ≥ 3 curves have runs, whether WikiText-2
+    orders them as the validation loss does."""
     ref, rows, notes = comp.curves[0], res.rows_of(comp), {}
     out = [f"### {comp.title}", "", f"Reference: **{ref.label}**; the paper's deltas: {comp.cite}.", "",
            f"| curve | seeds | val loss | WikiText-2 | {DELTA_HEAD} |", "|---" * 10 + "|"]
@@ -82,8 +82,8 @@ def panel_section(res: Results, comp: Comparison, img_dir: Path) -> tuple[list[s
                    f"{fmt(res.final(comp, c, res.wiki))} | {delta_cells(row)} |")
     out += footnote(notes) + [""]
     same = None
-    if len(comp.curves) >= 3:
-        val, wiki = ordering(res, comp, "val_loss"), ordering(res, comp, res.wiki)
+    val, wiki = ordering(res, comp, "val_loss"), ordering(res, comp, res.wiki)
+    if len(val) >= 3 and len(wiki) == len(val):  # an order of fewer curves than have runs would say nothing
         same = val == wiki
         out += [f"Ordering by validation loss (best first): {' < '.join(val)}. On WikiText-2: {' < '.join(wiki)} "
                 f"({'the same' if same else 'a different'} order).", ""]

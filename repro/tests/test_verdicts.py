@@ -16,7 +16,7 @@ from repro.laws import PowerLaw, Rung, crossing, ladder_law, log_multiplier_at
 from repro.contrasts import combination_text, contrasts
 from repro.measure import Results
 from repro.reading import CENTRAL, count_section, count_sentence, plain_reading, short_of_power, versus_past
-from repro.sections import delta_cells, law_lines, lr_grid_section
+from repro.sections import delta_cells, law_lines, lr_grid_section, panel_section
 from repro.significance import benjamini_hochberg, betainc, holm, mde_at, p_value, seeds_for, t_cdf, t_two_sided
 from repro.stats import T80, T975, Stat, far, stat, t975, verdict, verdict_class
 
@@ -287,6 +287,20 @@ def test_rows_that_are_sums_of_others_are_not_counted_again(tmp_path):
     assert f"and {sum(benjamini_hochberg(p))} Benjamini–Hochberg's" in sentence
     plain = "\n".join(plain_reading(res))
     assert sentence in plain and "**Supported**" in plain
+
+
+def test_a_panel_orders_its_curves_only_where_three_have_runs(tmp_path):
+    """A's four curves order by loss, WikiText-2 (val + 1 here) in the same order; with only two of them run the
+    panel states no order at all, rather than an order of what happens to be there."""
+    plan, where = chain_plan(tmp_path, {"r": [3.0, 3.01, 2.99], "x": [2.98, 2.985, 2.975],
+                                        "y": [2.9, 2.93, 2.88], "z": [3.05, 3.06, 3.04]})
+    a = plan.comparisons[0]
+    lines, same = panel_section(Results(plan, where, "wiki"), a, tmp_path / "img")
+    assert same is True and "Ordering by validation loss (best first): y < x < r < z. On WikiText-2: y < x < r < z " \
+        "(the same order)." in lines
+    two = {k: (d if k[0].split("/")[1] in ("r", "x") else tmp_path / "not-run") for k, d in where.items()}
+    lines, same = panel_section(Results(plan, two, "wiki"), a, tmp_path / "img")
+    assert same is None and not any(line.startswith("Ordering") for line in lines)
 
 
 def test_a_page_of_one_seed_tallies_no_signs(tmp_path):
