@@ -3,9 +3,11 @@
 Every row is ours − reference in the seed-mean final loss, so it is a vector over the run-mean columns (one column
 per curve's run directories): +1 on ours, −1 on its reference. HG+DNP − HG is then exactly (HG+DP − HG) +
 (HG+DNP − HG+DP), and Fig. 6's d64 L4 rung (Fig. 5's baseline against HG+DNP+OR+IWD) is the sum of Fig. 5's chain
-of rows: a tally that counts such a row again counts the same runs twice. The basis is chosen greedily in page order
-(a row joins it when it raises the rank), so a row that is a sum of others is written as its combination of rows
-shown before it on the page. Rows of the basis still share runs
+of rows: a tally that counts such a row again counts the same runs twice. The basis is chosen greedily (a row joins
+it when it raises the rank): first the rows the page's first screen reads, so that each of its claims gets its own
+test, then the rest in page order; a row that is a sum of others is written as its combination of basis rows. Which
+rows leave is a choice, the rank is not: the count of independent rows is the same in any order. Rows of the basis
+still share runs
 (a reference read by several deltas), so they are correlated, not independent: the page corrects its count of
 resolved rows for multiplicity over the basis (repro/significance.py), never as if the tests were independent.
 """
@@ -37,7 +39,8 @@ def vector(row: Row, cols: list[tuple[Path, ...]]) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Contrasts:
-    """The counted rows split into a basis (page order, greedy by rank) and the rows that are combinations of it."""
+    """The counted rows split into a basis (greedy by rank, listed in page order) and the rows that are combinations
+    of it."""
     basis: list[Row]
     sums: list[tuple[Row, list[tuple[float, Row]]]]  # a dependent row and its (coefficient, basis row) terms
 
@@ -46,20 +49,25 @@ class Contrasts:
         return [r for r, _ in self.sums]
 
 
-def contrasts(rows: list[Row]) -> Contrasts:
-    """The rank-greedy basis of `rows` (numpy.linalg.matrix_rank) and each other row's exact combination of it."""
+def contrasts(rows: list[Row], first: tuple[Row, ...] = ()) -> Contrasts:
+    """The rank-greedy basis of `rows` (numpy.linalg.matrix_rank), the rows of `first` tried before the others, and
+    each other row's exact combination of it."""
     cols = columns(rows)
-    basis: list[Row] = []
+    vectors = {id(r): vector(r, cols) for r in rows}
+    firsts = {id(r) for r in first}
     kept: list[np.ndarray] = []
+    chosen: set[int] = set()
+    for r in [r for r in rows if id(r) in firsts] + [r for r in rows if id(r) not in firsts]:
+        v = vectors[id(r)]
+        if np.linalg.matrix_rank(np.array([*kept, v])) > len(kept):
+            kept.append(v)
+            chosen.add(id(r))
+    basis = [r for r in rows if id(r) in chosen]
     sums = []
     for r in rows:
-        v = vector(r, cols)
-        if np.linalg.matrix_rank(np.array([*kept, v])) > len(kept):
-            basis.append(r)
-            kept.append(v)
-            continue
-        coef = np.linalg.lstsq(np.array(kept).T, v, rcond=None)[0]
-        sums.append((r, [(round(float(c), 6), b) for c, b in zip(coef, basis) if abs(c) > 1e-9]))
+        if id(r) not in chosen:
+            coef = np.linalg.lstsq(np.array([vectors[id(b)] for b in basis]).T, vectors[id(r)], rcond=None)[0]
+            sums.append((r, [(round(float(c), 6), b) for c, b in zip(coef, basis) if abs(c) > 1e-9]))
     return Contrasts(basis, sums)
 
 

@@ -62,6 +62,13 @@ def family(res: Results) -> list[Row]:
     return out
 
 
+def family_contrasts(res: Results) -> Contrasts:
+    """The family's basis and sums, the first screen's rows (the horizon headlines, CENTRAL and SECONDARY) tried
+    first: a claim the page leads with gets a test of its own, where a chain of smaller rows could stand for it."""
+    heads = horizon_heads(res) + central_rows(res, CENTRAL + SECONDARY)
+    return contrasts(family(res), first=tuple(first(res, r) for _, r in heads))
+
+
 def is_pick(r: Row) -> bool:
     """A contrast that picks an lr grid's best lr, not a page row (`family`)."""
     return r.label.endswith("(the lr pick)")
@@ -130,7 +137,7 @@ def plain_reading(res: Results) -> list[str]:
     rows = distinct(res)
     if not rows:
         return ["No delta has two seeds yet: the proxy says nothing about the paper's claims so far.", ""]
-    holm_of = holm_verdicts(contrasts(family(res)))
+    holm_of = holm_verdicts(family_contrasts(res))
     out = horizon_lines(res, holm_of)
     out += ["The paper's central claims" + (f" at the proxy's {TOKENS_PER_PARAM:g} tokens per compute parameter"
                                             if out else "") + ", each one row of the tables below, each design at "
@@ -155,7 +162,7 @@ def plain_reading(res: Results) -> list[str]:
         out.append(f"- **Far from the paper's value** (a point estimate of the opposite sign, or more than {FAR:g}× "
                    f"or under 1/{FAR:g} of the paper's; {len(farther)} of {len(rows)}): "
                    + "; ".join(f"{r.title} ({ratio(r.delta, r.paper):.2f}×)" for r in farther) + ".")
-    out += ["", count_sentence(res, contrasts(family(res)))]
+    out += ["", count_sentence(res, family_contrasts(res))]
     for comp in res.plan.comparisons:
         law = law_of(res, comp) if comp.kind == "ladder" else None
         if law is not None and law.boot is not None:
@@ -266,7 +273,7 @@ def count_section(res: Results, orderings: list[bool]) -> list[str]:
            + "; ".join(f"{len(groups[k])} {k}" for k in VERDICTS if k in groups) + ".", ""]
     if not counted:  # every curve has one seed so far: no delta has an interval, and a tally of 0 of 0 says nothing
         return out + ["No delta has two seeds yet: there is nothing to tally against the paper's signs.", ""]
-    c = contrasts(family(res))
+    c = family_contrasts(res)
     out += basis_lines(c) + power_lines(res)
     signed = [r for r in counted if r.paper is not None]
     both = [r for r in counted if r.delta.resolved and r.wiki is not None]
@@ -286,9 +293,10 @@ def count_section(res: Results, orderings: list[bool]) -> list[str]:
 def basis_lines(c: Contrasts) -> list[str]:
     p, by_holm, by_bh = tests_over(c)
     out = ["### Independent rows and the multiple-comparison count", "",
-           f"Each row is a vector over the curves' seed-mean losses (+1 ours, −1 its reference); taken in page order, "
-           f"a row joins the basis when it raises the rank (repro/contrasts.py). {len(c.basis)} rows form the basis"
-           + (", and these are sums of rows shown before them, left out of the count:" if c.sums
+           f"Each row is a vector over the curves' seed-mean losses (+1 ours, −1 its reference); a row joins the "
+           f"basis when it raises the rank, the first screen's claims first, then the rest in page order "
+           f"(repro/contrasts.py). {len(c.basis)} rows form the basis"
+           + (", and these are sums of basis rows, left out of the count:" if c.sums
               else "; no row is a sum of others.")]
     out += [f"- *{r.title}* = {combination_text(terms)}" for r, terms in c.sums]
     out += ["", f"Each basis row's two-sided paired t test (t = mean / (sd / √n), n − 1 degrees of freedom); Holm's "

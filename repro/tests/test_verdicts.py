@@ -289,6 +289,20 @@ def test_rows_that_are_sums_of_others_are_not_counted_again(tmp_path):
     assert sentence in plain and "**Supported**" in plain
 
 
+def test_a_row_the_page_leads_with_keeps_its_own_test(tmp_path):
+    """B: y is A: y − A: x. In page order B: y is the sum; tried first, it joins the basis and A: y becomes the sum
+    (of B: y and A: x), the rank the same. The basis is listed in page order either way."""
+    plan, where = chain_plan(tmp_path, {"r": [3.0, 3.01, 2.99, 3.0], "x": [2.98, 2.985, 2.975, 2.99],
+                                        "y": [2.9, 2.93, 2.88, 2.91], "z": [3.0, 3.05, 2.96, 3.02]})
+    rows = Results(plan, where, "wiki").rows
+    c = contrasts(rows, first=(rows[3],))
+    assert [r.title for r in c.basis] == ["A: x", "A: z", "B: y"]
+    (row, terms), = c.sums
+    assert row.title == "A: y" and combination_text(terms) == "*A: x* + *B: y*"
+    assert row.delta.mean == pytest.approx(rows[0].delta.mean + rows[3].delta.mean)
+    assert len(contrasts(rows).basis) == len(c.basis) == 3
+
+
 def test_a_panel_orders_its_curves_only_where_three_have_runs(tmp_path):
     """A's four curves order by loss, WikiText-2 (val + 1 here) in the same order; with only two of them run the
     panel states no order at all, rather than an order of what happens to be there."""
