@@ -83,7 +83,7 @@ def panel_section(res: Results, comp: Comparison, img_dir: Path) -> tuple[list[s
     out += footnote(notes) + [""]
     same = None
     val, wiki = ordering(res, comp, "val_loss"), ordering(res, comp, res.wiki)
-    if len(val) >= 3 and len(wiki) == len(val):  # an order of fewer curves than have runs would say nothing
+    if len(val) >= 3 and len(wiki) == len(val):  # two curves' order is their delta; one has none
         same = val == wiki
         out += [f"Ordering by validation loss (best first): {' < '.join(val)}. On WikiText-2: {' < '.join(wiki)} "
                 f"({'the same' if same else 'a different'} order).", ""]
