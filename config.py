@@ -19,7 +19,7 @@ from typing import Any, Optional
 import yaml
 
 from data.config import DataConfig
-from kernel.config import ConfigError, build, read_files, resumable
+from kernel.config import ConfigError, build, fill_absent, read_files, resumable
 from model.config import ModelConfig
 from optim.config import OptimConfig, ScheduleConfig
 from runtime.config import LogConfig, TrainConfig
@@ -48,6 +48,12 @@ class RunConfig:
                         "under DNP's inner Norm, and this model has none (model.scale.placement="
                         f"{sc.placement}, model.scale.reparam={sc.reparam}): set it true, or use placement dnp "
                         "with reparam or or er"))
+        if sc.invariant_magnitude == "remove" and sc.placement != "dnp":
+            bad.append(("model.scale.invariant_magnitude", "remove drops the magnitude of input-side vectors that "
+                        f"only DNP's inner Norm reads, and placement {sc.placement} has no inner Norm: set it to keep"))
+        elif sc.invariant_magnitude == "remove" and not self.optim.scale_wd_invariant:
+            bad.append(("optim.scale_wd_invariant", "false spares the invariant magnitudes from decay, and "
+                        "model.scale.invariant_magnitude=remove leaves none: set it true"))
         s, t = self.schedule, self.train
         if not 0 <= s.warmup_steps < t.steps:
             bad.append(("schedule.warmup_steps", f"{s.warmup_steps} must lie in [0, train.steps={t.steps})"))
@@ -145,6 +151,12 @@ def load_config(path: Optional[str | Path | list[str | Path]] = None,
     `path` may be a list of files, merged left to right (`--config dense/0.12b.yaml --config scale/hg.yaml`)."""
     paths = [] if path is None else [path] if isinstance(path, (str, Path)) else list(path)
     return build_config(read_files(paths, overrides))
+
+
+def load_saved_config(path: str | Path) -> RunConfig:
+    """A run's saved config.yaml, as that run trained: a key added since it was written reads as the value runs
+    used before the key existed (kernel/config.py, `since`), not as today's default."""
+    return build_config(fill_absent(RunConfig, read_files([path])))
 
 
 def build_config(raw: dict) -> RunConfig:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from config import RunConfig, load_config, strategy_name
+from config import RunConfig, load_saved_config, strategy_name
 
 
 class MetricsError(ValueError):
@@ -44,9 +44,26 @@ def read_metrics(run: Path) -> list[dict]:
 
 
 def series(records: list[dict], metric: str, x: str) -> tuple[list[float], list[float]]:
-    """(x, metric) of every record that has both, in file order."""
-    pts = [(r[x], r[metric]) for r in records if r.get(metric) is not None and x in r]
+    """(x, metric) of every record that has both, in file order. `headroom`: the smallest `headroom/<layer>/<site>`
+    of each eval record (how close the nearest DNP inner Norm is to its eps)."""
+    if metric == HEADROOM:
+        pts = [(r[x], min(v for k, v in r.items() if k.startswith(HEADROOM_PREFIX))) for r in records
+               if x in r and any(k.startswith(HEADROOM_PREFIX) for k in r)]
+    else:
+        pts = [(r[x], r[metric]) for r in records if r.get(metric) is not None and x in r]
     return [p[0] for p in pts], [p[1] for p in pts]
+
+
+HEADROOM, HEADROOM_PREFIX = "headroom", "headroom/"  # runtime/telemetry.py writes headroom/<layer>/<site>
+
+
+@dataclass(frozen=True)
+class LowestHeadroom:
+    """The smallest headroom of a run over its evaluations and sites: where and when."""
+
+    value: float
+    site: str  # L3/attn.q_proj
+    step: int
 
 
 @dataclass
@@ -82,6 +99,13 @@ class Run:
         return done[-1] if done else None
 
     @property
+    def lowest_headroom(self) -> Optional[LowestHeadroom]:
+        """The run's smallest DNP inner-Norm headroom (None: no evaluation measured one, a design without DNP)."""
+        found = [LowestHeadroom(v, k.removeprefix(HEADROOM_PREFIX), r["step"]) for r in self.evals
+                 for k, v in r.items() if k.startswith(HEADROOM_PREFIX) and v is not None]
+        return min(found, key=lambda h: h.value) if found else None
+
+    @property
     def strategy(self) -> str:
         return strategy_name(self.cfg)
 
@@ -94,4 +118,4 @@ def load_run(path: Path) -> Run:
     path = Path(path)
     if not (path / "config.yaml").exists():
         raise FileNotFoundError(f"{path}/config.yaml does not exist: is {path} a run directory?")
-    return Run(path, load_config(path / "config.yaml"), read_metrics(path))
+    return Run(path, load_saved_config(path / "config.yaml"), read_metrics(path))

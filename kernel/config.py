@@ -4,6 +4,8 @@
 - `resumable(...)`: a field a resumed run may change (how often it logs or checkpoints, how it runs: the numbers of
   the experiment stay the same). On a dataclass-typed field it covers the whole section. `resume_conflicts` refuses
   every other change.
+- `since(...)`: a field added after runs were saved, whose default changed what a run does; a saved config (a run's
+  config.yaml, a checkpoint's) that lacks it reads as the value those runs used (`fill_absent`, `resume_conflicts`).
 - The strict loader: YAML files with `base:` chains, `a.b.c=value` overrides, and `build`, which makes a config
   dataclass from plain data and checks every value against its field's type (a Union tries its members in order;
   a Literal matches by value and type, so `1` is not `true`).
@@ -39,6 +41,12 @@ class ConfigError(ValueError):
 def resumable(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING) -> Any:
     """A dataclass field that a resumed run may change (`resume_conflicts` lets it differ)."""
     return field(default=default, default_factory=default_factory, metadata=RESUMABLE)
+
+
+def since(default: Any, *, before: Any) -> Any:
+    """A dataclass field new configs get as `default`, and a saved config without it as `before`: what runs saved
+    before the field existed did."""
+    return field(default=default, metadata={"absent": before})
 
 
 # ----------------------------------------------------------------------------------------------------- loading
@@ -225,6 +233,34 @@ def resumable_keys(cls: type, prefix: str = "") -> tuple[str, ...]:
     return tuple(out)
 
 
+def absent_values(cls: type, prefix: str = "") -> dict[str, Any]:
+    """{dotted key: the value a saved config without it meant} for every `since` field of `cls`, nested sections
+    included."""
+    hints = typing.get_type_hints(cls)
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if "absent" in f.metadata:
+            out[f"{prefix}{f.name}"] = f.metadata["absent"]
+        section = _section(hints[f.name])
+        if section is not None:
+            out.update(absent_values(section, f"{prefix}{f.name}."))
+    return out
+
+
+def fill_absent(cls: type, saved: dict) -> dict:
+    """A saved config's plain data with each `since` field it lacks set to the value it meant; a field whose section
+    the config lacks (model.moe null) stays absent."""
+    out = yaml.safe_load(yaml.safe_dump(saved))  # a deep copy of plain data
+    for key, value in absent_values(cls).items():
+        *parents, leaf = key.split(".")
+        node = out
+        for p in parents:
+            node = node.get(p) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.setdefault(leaf, value)
+    return out
+
+
 def _section(tp: Any) -> Optional[type]:
     """The config dataclass a field holds (Optional[X] → X), or None for a plain value."""
     args = [a for a in typing.get_args(tp) if a is not type(None)] or [tp]
@@ -234,11 +270,11 @@ def _section(tp: Any) -> Optional[type]:
 def resume_conflicts(saved_yaml: str, cfg: Any) -> list[str]:
     """Dotted keys whose value differs between a checkpoint's config and `cfg` (a run config dataclass), other than
     the RESUMABLE fields: resuming across such a change would silently continue a different experiment. A key the
-    checkpoint's config lacks (written before the key existed) counts as its default, which is what that run
-    used."""
+    checkpoint's config lacks (written before the key existed) counts as its default, or as its `since` value: what
+    that run used."""
     resumable = resumable_keys(type(cfg))
     defaults = flat(type(cfg)().to_dict())
-    saved = {**defaults, **flat(yaml.safe_load(saved_yaml))}
+    saved = {**defaults, **flat(fill_absent(type(cfg), yaml.safe_load(saved_yaml)))}
     current = flat(cfg.to_dict())
     keys = sorted(set(saved) | set(current))
     sections = tuple(r for r in resumable if r.endswith("."))

@@ -13,6 +13,7 @@ from kernel.config import resumable
 
 Placement = Literal["none", "input", "ap", "dp", "dnp"]
 Reparam = Literal["direct", "or", "er"]
+InvariantMagnitude = Literal["keep", "remove"]
 
 
 class Role(str, enum.Enum):
@@ -22,7 +23,7 @@ class Role(str, enum.Enum):
     LM_HEAD = "lm_head"
     MATRIX = "matrix"  # 2-D weights inside the blocks (q/k/v/o, gate/up/down, the shared expert's)
     EXPERT_MATRIX = "expert_matrix"  # stacked routed-expert weights (E, out, in): Muon per expert
-    ROUTER = "router"  # the MoE router (and the optional shared-expert gate): AdamW
+    ROUTER = "router"  # the MoE router (and the optional shared-expert gate): Muon unless optim.muon.router false
     SCALE_INPUT = "scale_input"  # Input-Norm vectors: read directly by a linear map (docs/paper.md §1.7)
     SCALE_OUTPUT = "scale_output"  # Output-Norm vectors: DNP/AP/DP output side, Q/K-Norm, Gemma output norms
 
@@ -41,6 +42,11 @@ class ScaleConfig:
     # MoE only: the router branch takes the output side of `placement` too (a vector over the expert logits, and
     # DNP's Norm of the logits). Its input side always follows its norm, like every branch. [U] off by default.
     router: bool = False
+    # An input-side vector that only DNP's inner Norm reads reaches the loss through its direction alone; its
+    # magnitude (OR's β, ER's e^β, a direct vector's scale) only through the Norm's eps, so decay can walk it to 0
+    # and switch the branch off (docs/paper.md §1.7). keep: the paper's literal form. remove: that vector has no
+    # magnitude (OR γ = Norm(α), ER γ = e^(α − mean α), direct γ = Norm(α)), the same function at init.
+    invariant_magnitude: InvariantMagnitude = "keep"
 
     @property
     def has_vectors(self) -> bool:

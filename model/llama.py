@@ -106,7 +106,9 @@ class Block(nn.Module):
         self.attn_norm = group_layout(cfg.scale, 3).norm(d, eps)
         self.attn = Attention(cfg)
         ffn_layout = group_layout(cfg.scale, 2)  # gate, up (and with MoE: router, experts, shared expert)
-        self.ffn_norm = ffn_layout.norm(d, eps)
+        # With MoE, the router normalizes its logits only under scale.router, and the shared-expert gate never does
+        every_branch_normalizes = cfg.moe is None or (cfg.scale.router and not cfg.moe.shared_gate)
+        self.ffn_norm = ffn_layout.norm(d, eps, only_norms_read=every_branch_normalizes)
         self.mlp = ffn(cfg, ffn_layout)
         self.attn_out_norm = extra_norm(cfg.scale, d, eps) if cfg.gemma_norms else None
         self.ffn_out_norm = extra_norm(cfg.scale, d, eps) if cfg.gemma_norms else None
@@ -249,7 +251,8 @@ class Llama(nn.Module):
         every reader normalizes its output first (DNP's inner Norm): the loss does not depend on that β but through
         the Norm's eps, so it gets almost no gradient, only weight decay (results v4; optim.scale_wd_invariant).
         A branch's own v counts when its branch has an inner Norm; a norm's shared γ when each of its branches has
-        one (the MoE router has none unless model.scale.router). Direct vectors have no separate magnitude."""
+        one (the MoE router has none unless model.scale.router). Direct vectors have no separate magnitude, and
+        vectors built without one (model.scale.invariant_magnitude: remove) have none to mark."""
         vectors = []
         for norm, branches in self.norm_groups():
             if norm.scale is not None and all(b.inner is not None for b in branches):
@@ -258,7 +261,7 @@ class Llama(nn.Module):
         names = {id(p): n for n, p in self.named_parameters()}
         masks: dict[str, torch.Tensor] = {}
         for v in vectors:
-            if v.reparam == "direct":
+            if v.reparam == "direct" or not v.has_magnitude:
                 continue
             beta = v.part("beta") if v.slot is None else v.slot.bank.beta
             mask = masks.setdefault(names[id(beta)], torch.zeros(beta.shape, dtype=torch.bool))

@@ -328,9 +328,20 @@ class GroupLayout:
     output: bool  # an output-side u_c per branch (AP, DP, DNP)
     inner_norm: bool  # DNP's Norm between W_c and u_c
     reparam: str
+    # model.scale.invariant_magnitude: remove. An input-side vector that only inner Norms read has no magnitude.
+    remove_invariant: bool = False
 
-    def norm(self, dim: int, eps: float) -> Norm:
-        return Norm(dim, eps, ScaleVector(dim, self.reparam, Role.SCALE_INPUT) if self.shared_input else None)
+    def input_vector(self, dim: int, only_norms_read: bool) -> ScaleVector:
+        """An input-side vector; `only_norms_read`: every map reading it normalizes its output first (DNP's inner
+        Norm), so its magnitude reaches the loss only through eps (docs/paper.md §1.7)."""
+        magnitude = not (self.remove_invariant and only_norms_read)
+        return ScaleVector(dim, self.reparam, Role.SCALE_INPUT, magnitude=magnitude)
+
+    def norm(self, dim: int, eps: float, only_norms_read: bool = True) -> Norm:
+        """The group's Pre-Norm. `only_norms_read`: whether each branch of the group has an inner Norm (false for an
+        MoE FFN whose router keeps only its input side)."""
+        return Norm(dim, eps, self.input_vector(dim, only_norms_read and self.inner_norm) if self.shared_input
+                    else None)
 
     def branch(self, d_in: int, d_out: int, eps: float, inner_group: Optional[int] = None,
                role: Role = Role.MATRIX, output_side: bool = True,
@@ -340,10 +351,11 @@ class GroupLayout:
         `d_out_padded`: the stored width of a padded FFN hidden (gate/up); the inner Norm still divides by d_out."""
         output = self.output and output_side
         stored = d_out_padded or d_out
+        inner = self.inner_norm and output
         return ScaledLinear(
             d_in, d_out,
-            in_scale=ScaleVector(d_in, self.reparam, Role.SCALE_INPUT) if self.branch_input else None,
-            inner=Norm(stored, eps, None, inner_group, logical=d_out) if self.inner_norm and output else None,
+            in_scale=self.input_vector(d_in, inner) if self.branch_input else None,
+            inner=Norm(stored, eps, None, inner_group, logical=d_out) if inner else None,
             out_scale=ScaleVector(d_out, self.reparam, Role.SCALE_OUTPUT) if output else None,
             role=role, d_out_padded=stored,
         )
@@ -353,7 +365,7 @@ class GroupLayout:
         expert), and per-expert output-side vectors u_e and inner Norm (model/moe.py explains the choice)."""
         return ExpertBranch(
             n_experts, d_in, d_out, d_out_padded,
-            in_scale=ScaleVector(d_in, self.reparam, Role.SCALE_INPUT) if self.branch_input else None,
+            in_scale=self.input_vector(d_in, self.inner_norm) if self.branch_input else None,
             inner=Norm(d_out_padded, eps, None, logical=d_out) if self.inner_norm else None,
             out_scale=ScaleVector(d_out, self.reparam, Role.SCALE_OUTPUT, count=n_experts) if self.output else None,
         )
@@ -374,6 +386,7 @@ def group_layout(cfg: ScaleConfig, n_branches: int, takes_placement: bool = True
         output=placement in ("ap", "dp", "dnp"),
         inner_norm=placement == "dnp",
         reparam=cfg.reparam,
+        remove_invariant=cfg.invariant_magnitude == "remove",
     )
 
 

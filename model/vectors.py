@@ -21,6 +21,10 @@ class ScaleVector(nn.Module):
     or:     γ = β · Norm(α) = β·√d·α/‖α‖,           α₀ = 1, β₀ = 1   (Thm 3.2)
     er:     γ = e^β · e^(α − mean α),               α₀ = 0, β₀ = 0   (init [I]: gives γ₀ = 1)
 
+    `magnitude=False` drops the vector's scale by construction, for a vector that only DNP's inner Norm reads
+    (model.scale.invariant_magnitude: remove; docs/paper.md §1.7): OR γ = Norm(α), ER γ = e^(α − mean α), and a
+    direct vector becomes γ = Norm(α) as well. No β exists to decay or multiply, and γ₀ = 1 as before.
+
     `count` makes it a stack of independent vectors, one per routed expert: γ has shape (count, dim), and OR/ER keep
     one β and one Norm/mean per row. β is stored with shape (1,) (or (count, 1)) rather than () so FSDP2 can shard it
     like any other parameter.
@@ -29,22 +33,21 @@ class ScaleVector(nn.Module):
     Every block banks its vectors (`bank_scale_vectors`); the final norm's and the LM head's keep their own.
     """
 
-    def __init__(self, dim: int, reparam: str, role: Role, count: Optional[int] = None):
+    def __init__(self, dim: int, reparam: str, role: Role, count: Optional[int] = None, magnitude: bool = True):
         super().__init__()
-        self.dim, self.reparam, self.role, self.count = dim, reparam, role, count
+        if reparam not in ("direct", "or", "er"):
+            raise ValueError(f"unknown scale reparameterization {reparam!r}; expected direct, or or er")
+        self.dim, self.reparam, self.role, self.count, self.has_magnitude = dim, reparam, role, count, magnitude
         self.slot: Optional[BankSlot] = None
         lead = () if count is None else (count,)
-        if reparam == "direct":
-            self.weight = nn.Parameter(torch.empty(*lead, dim))
-        elif reparam in ("or", "er"):
-            self.alpha = nn.Parameter(torch.empty(*lead, dim))
-            self.beta = nn.Parameter(torch.empty(*lead, 1))
-        else:
-            raise ValueError(f"unknown scale reparameterization {reparam!r}; expected direct, or or er")
+        for kind in self.kinds:
+            self.register_parameter(kind, nn.Parameter(torch.empty(*lead, 1 if kind == "beta" else dim)))
 
     @property
     def kinds(self) -> tuple[str, ...]:
-        """Its parameters' names: ("weight",) or ("alpha", "beta")."""
+        """Its parameters' names: ("weight",), ("alpha", "beta"), or ("alpha",) without a magnitude."""
+        if not self.has_magnitude:
+            return ("alpha",)
         return ("weight",) if self.reparam == "direct" else ("alpha", "beta")
 
     def sizes(self) -> dict[str, int]:
@@ -77,19 +80,25 @@ class ScaleVector(nn.Module):
 
     def forward(self) -> torch.Tensor:
         """The effective vector γ, shape (dim,), or (count, dim) for a stack."""
-        if self.reparam == "direct":
+        if self.reparam == "direct" and self.has_magnitude:
             return self.part("weight")
-        a, beta = self.part("alpha"), self.part("beta")
-        if self.reparam == "or":
-            # No eps inside Norm(α): ‖α‖ stays √d under gradient flow (docs/paper.md §5.5), far from 0.
-            return beta * (a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True)))
-        return torch.exp(beta + a - a.mean(-1, keepdim=True))
+        a = self.part("alpha")
+        beta = self.part("beta") if self.has_magnitude else None
+        if self.reparam == "er":
+            log_gamma = a - a.mean(-1, keepdim=True)
+            return torch.exp(log_gamma if beta is None else beta + log_gamma)
+        # No eps inside Norm(α): ‖α‖ stays √d under gradient flow (docs/paper.md §5.5), far from 0.
+        direction = a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True))
+        return direction if beta is None else beta * direction
 
     @torch.no_grad()
     def magnitude(self) -> torch.Tensor:
         """The vector's scale apart from its direction, (1,) or (count, 1): OR's β, signed (γ = β·Norm(α)); ER's e^β;
-        direct, the RMS of γ (no sign of its own). Telemetry reads it: under DNP an input-side vector's magnitude
-        meets a Norm and gets no gradient but weight decay's (docs/paper.md §1.5, §1.7)."""
+        direct, the RMS of γ (no sign of its own); 1 for a vector without one. Telemetry reads it: under DNP an
+        input-side vector's magnitude meets a Norm and gets no gradient but weight decay's (docs/paper.md §1.7)."""
+        if not self.has_magnitude:
+            lead = () if self.count is None else (self.count,)
+            return torch.ones(*lead, 1)
         if self.reparam == "or":
             return self.part("beta").detach().clone()
         if self.reparam == "er":
@@ -99,11 +108,12 @@ class ScaleVector(nn.Module):
     def extra_repr(self) -> str:
         count = "" if self.count is None else f"count={self.count}, "
         banked = "" if self.slot is None else ", banked"
-        return f"{count}dim={self.dim}, reparam={self.reparam}, role={self.role.value}{banked}"
+        magnitude = "" if self.has_magnitude else ", no magnitude"
+        return f"{count}dim={self.dim}, reparam={self.reparam}, role={self.role.value}{magnitude}{banked}"
 
 
 def gamma_one(reparam: str) -> float:
-    """The value of every entry (weight, α, β) that makes γ = 1: 1 for direct and OR, 0 for ER."""
+    """The value of every entry (weight, α, β) that makes γ = 1: 1 for direct and OR (Norm(1) = 1), 0 for ER."""
     return 0.0 if reparam == "er" else 1.0
 
 
@@ -128,7 +138,8 @@ class ScaleBank(nn.Module):
         if not vectors or len({(v.role, v.reparam) for v in vectors}) != 1:
             raise ValueError("a bank holds one or more vectors of one role and one reparameterization")
         self.role, self.reparam, self.n_vectors = vectors[0].role, vectors[0].reparam, len(vectors)
-        offsets = dict.fromkeys(vectors[0].kinds, 0)
+        # Kinds in order of first appearance: vectors without a magnitude have α alone beside others' α and β
+        offsets = dict.fromkeys((k for v in vectors for k in v.kinds), 0)
         device = getattr(vectors[0], vectors[0].kinds[0]).device
         for v in vectors:
             if v.slot is not None:

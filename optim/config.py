@@ -5,7 +5,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from kernel.config import resumable
+from kernel.config import resumable, since
 
 WeightDecayMode = Literal["all", "iwd", "none", "no_input", "no_output"]
 
@@ -27,6 +27,10 @@ class MuonConfig:
     # (optim/muon_dist.py) instead of every rank gathering and orthogonalizing every matrix; the same numbers
     # (tests/test_optim_dist.py), so a resume may change it.
     distributed: bool = resumable(True)
+    # The MoE router's weight (and the optional shared-expert gate's) is a 2-D matrix inside a Transformer layer, which
+    # is where the paper puts Muon (docs/paper.md §3.2); false keeps it on AdamW. Runs saved before this key trained
+    # it with AdamW.
+    router: bool = since(True, before=False)
 
     def invariants(self) -> list[tuple[str, str]]:
         bad = []

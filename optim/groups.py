@@ -17,10 +17,11 @@ if TYPE_CHECKING:
     from optim.config import OptimConfig
 
 SCALE_ROLES = frozenset({Role.SCALE_INPUT.value, Role.SCALE_OUTPUT.value})
-# Muon takes the 2-D weights inside the blocks (and, once the MoE model exists, its stacked 3-D expert weights,
-# orthogonalized per expert); embeddings, the LM head, routers and every scale vector stay on AdamW (docs/paper.md
-# §3.2). Roles compare as strings (Role is a str Enum), so a role the model adds later needs no change here.
+# Muon takes the 2-D weights inside the blocks and the MoE's stacked 3-D expert weights, orthogonalized per expert;
+# the router too unless optim.muon.router is false; embeddings, the LM head and every scale vector stay on AdamW
+# (docs/paper.md §3.2). Roles compare as strings (Role is a str Enum), so a role the model adds later needs no change here.
 MUON_ROLES = frozenset({Role.MATRIX.value, "expert_matrix"})
+ROUTER_ROLE = Role.ROUTER.value  # on Muon too under optim.muon.router (the paper's "2D matrices inside layers")
 
 # mode → (does an Input-Norm vector decay, does an Output-Norm vector decay). docs/paper.md §1.7 and Fig. 3:
 # "all" is the paper's default (Llama and the Gemma baseline decay every scale vector); "iwd" = "no wd:
@@ -96,7 +97,8 @@ def param_groups(
     spared = {} if cfg.scale_wd_invariant else dict(invariant or {})
     for name, p in params:
         role = roles[name]
-        if cfg.name == "muon" and role_value(role) in MUON_ROLES:
+        muon_roles = MUON_ROLES | ({ROUTER_ROLE} if cfg.muon.router else set())
+        if cfg.name == "muon" and role_value(role) in muon_roles:
             if p.ndim < 2:
                 raise ValueError(f"{name}: role {role_value(role)} goes to Muon but has shape {tuple(p.shape)}")
             buckets["muon"].append(p)

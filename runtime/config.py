@@ -97,7 +97,13 @@ class LogConfig:
     out_dir: str = "runs"
     run_name: Optional[str] = None  # None: derived from the config file name
     every: int = 10  # steps between train records in metrics.jsonl
+    # A DNP inner Norm whose input mean square falls below this many eps no longer normalizes: at 1 its output RMS
+    # is √(1/2). An evaluation warns once per site below it (runtime/telemetry.py); summarize marks the run.
+    headroom_warn: float = 1.0
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
     def invariants(self) -> list[tuple[str, str]]:
-        return [("every", f"{self.every} must be positive")] if self.every <= 0 else []
+        bad = [("every", f"{self.every} must be positive")] if self.every <= 0 else []
+        if not (self.headroom_warn >= 0 and self.headroom_warn < float("inf")):
+            bad.append(("headroom_warn", f"{self.headroom_warn} must be a finite number ≥ 0 (0: never warn)"))
+        return bad

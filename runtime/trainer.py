@@ -44,7 +44,7 @@ from runtime.logging import RunLogger, git_commit
 from runtime.metrics import mfu, peak_flops
 from runtime.moe import moe_step_end
 from runtime.resume_point import resume_point
-from runtime.telemetry import scale_telemetry
+from runtime.telemetry import HeadroomWatch, norm_headroom, scale_telemetry
 
 if TYPE_CHECKING:  # the type only: the root config.py composes the sections, nothing below imports it
     from config import RunConfig
@@ -126,6 +126,7 @@ class Trainer:
         self.sync_each = t.grad_reduce == "micro_batch" or self.accum == 1
         self.run_dir = Path(cfg.log.out_dir) / (cfg.log.run_name or "run")
         self.ckpt_dir = self.run_dir / "checkpoints"
+        self.headroom_watch = HeadroomWatch(cfg.model.scale.invariant_magnitude, cfg.log.headroom_warn)
 
     @classmethod
     def for_run(cls, cfg: RunConfig, di: DistInfo, resume_step: Optional[int] = None) -> "Trainer":
@@ -252,6 +253,20 @@ class Trainer:
         model.train()
         return out
 
+    def eval_record(self, step: int) -> dict[str, float]:
+        """What an evaluation logs: the scale-vector telemetry, each DNP inner Norm's headroom on the val set's first
+        window per rank (a warning line when one stops normalizing: runtime/telemetry.py), and the losses."""
+        sites = []
+        if "val" in self.val_sets:
+            _, x, _, _ = next(self.eval_set("val").batches(1, self.di.rank, self.di.world_size))
+            self.model.eval()
+            sites = norm_headroom(self.model, x.to(self.di.device))
+        warning = self.headroom_watch.check(step, sites)
+        if warning and self.di.is_main:
+            print(f"warning: {warning}", file=sys.stderr)
+        return {"tokens": self.tokens, **scale_telemetry(self.model), **{s.key: s.headroom for s in sites},
+                **self.evaluate()}
+
     def save(self) -> None:
         """A checkpoint of this step: only after guard.report() found no halt, so a non-finite state is never saved."""
         loader = self.batches
@@ -311,7 +326,7 @@ class Trainer:
         with _stop_on_signals(stop):
             try:
                 if self.step_count == 0:
-                    logger.log_eval(0, {"tokens": 0, **scale_telemetry(self.model), **self.evaluate()})
+                    logger.log_eval(0, self.eval_record(0))
                 window_t0, window_tokens = time.perf_counter(), 0
                 while self.step_count < t.steps:
                     step = self.step_count + 1
@@ -341,8 +356,7 @@ class Trainer:
                         window_t0, window_tokens = time.perf_counter(), 0
                     paused_at = time.perf_counter()  # eval and checkpoint time stays out of tok/s
                     if evaluating:
-                        logger.log_eval(step, {"tokens": self.tokens, **scale_telemetry(self.model),
-                                               **self.evaluate()})
+                        logger.log_eval(step, self.eval_record(step))
                     if saving:
                         self.save()
                     window_t0 += time.perf_counter() - paused_at

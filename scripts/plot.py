@@ -2,6 +2,10 @@
 
     python -m scripts.plot runs/tiny_cpu --out docs/img/tiny_cpu.png
     python -m scripts.plot runs/a runs/b --metric val_loss --x tokens --delta-to runs/a --out cmp.png
+    python -m scripts.plot runs/a --metric headroom --out headroom.png     # DNP's inner Norms against their eps
+
+`headroom` is each eval's smallest inner-Norm headroom (input mean square / eps; `headroom/L3/attn.q_proj` one site),
+drawn on a log axis with the warning threshold (log.headroom_warn's default, 1) dashed.
 
 A whole figure of the paper (panels, Δ to each panel's reference, seed bands, terminal table) is drawn by
 `python -m repro.reproduce FIG` (add --plot-only to draw finished runs without running anything), with
@@ -14,7 +18,7 @@ import sys
 from pathlib import Path
 
 from runtime.files import image_out_problem
-from runs import MetricsError, read_metrics, series
+from runs import HEADROOM, HEADROOM_PREFIX, MetricsError, read_metrics, series
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,11 +40,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     metrics = args.metric or ["loss", "val_loss"]
+    log_y = [m == HEADROOM or m.startswith(HEADROOM_PREFIX) for m in metrics]
+    if any(log_y) and not all(log_y):
+        p.error("--metric headroom (or headroom/...) goes on a log axis: plot it apart from the losses")
     found = {m for _, recs in records for m in metrics if series(recs, m, args.x)[0]}
     missing = [m for m in args.metric or [] if m not in found]
     if missing or not found:
         known = sorted({k for _, recs in records for r in recs for k, v in r.items()
-                        if isinstance(v, float) and ("/" not in k or k.startswith("val_loss/"))})
+                        if isinstance(v, float) and ("/" not in k or k.startswith("val_loss/"))}
+                       | {HEADROOM for _, recs in records for r in recs for k in r if k.startswith(HEADROOM_PREFIX)})
         have = f"metrics found: {', '.join(known)}" if known else "no records yet (has the run logged a step?)"
         print(f"error: no record of {', '.join(map(str, args.runs))} has {' or '.join(missing or metrics)} with "
               f"{args.x}; {have}", file=sys.stderr)
@@ -61,7 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     ax.set_xlabel(args.x)
     if args.log_x:
         ax.set_xscale("log")
-    ax.set_ylabel("Δ loss" if ref is not None else "loss")
+    if all(log_y):
+        ax.set_yscale("log")
+        ax.axhline(1.0, color="gray", linestyle="--", linewidth=1, label="warning threshold")
+        ax.set_ylabel("input mean square / eps")
+    else:
+        ax.set_ylabel("Δ loss" if ref is not None else "loss")
     ax.grid(alpha=0.3)
     ax.legend()
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from config import load_config
+from config import load_saved_config
 
 from kernel.config import ConfigError
 from data.tokenizer import TokenizerError, load_tokenizer
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--run {args.run} is not a directory: give a run directory (the folder with config.yaml and "
                 "checkpoints/)")
     try:
-        cfg = load_config(args.run / "config.yaml")
+        cfg = load_saved_config(args.run / "config.yaml")
     except ConfigError as e:
         print(f"error: {args.run} has no usable config.yaml ({e})", file=sys.stderr)
         return 2

@@ -4,7 +4,8 @@
     python -m scripts.summarize --check-finished RUN          # exit 0 if RUN reached train.steps, else 1
 
 Reads only config.yaml and metrics.jsonl. A run that has not reached train.steps is listed with its last evaluation
-and its progress, and is never marked best.
+and its progress, and is never marked best. `headroom` is the run's smallest DNP inner-Norm headroom (input mean
+square / eps, over its evaluations and sites); a run where one fell below log.headroom_warn is marked, with the site.
 """
 from __future__ import annotations
 
@@ -20,13 +21,18 @@ def table(runs: list[Run]) -> str:
     finished = [r for r in runs if r.finished and r.final_val_loss is not None]
     best = min(finished, key=lambda r: r.final_val_loss) if finished else None
     width = max(12, *(len(r.path.name) + 2 for r in runs))
-    lines = [f"{'run':<{width}}{'strategy':<12}{'optim':<7}{'lr':>9}{'steps':>15}{'tokens':>16}{'val_loss':>10}"]
+    lines = [f"{'run':<{width}}{'strategy':<12}{'optim':<7}{'lr':>9}{'steps':>15}{'tokens':>16}{'val_loss':>10}"
+             f"{'headroom':>10}"]
     for r in sorted(runs, key=lambda r: (r.cfg.optim.lr, r.path.name)):
         step = r.final_eval["step"] if r.final_eval else 0
         loss = f"{r.final_val_loss:.4f}" if r.final_val_loss is not None else "-"
+        low = r.lowest_headroom
         mark = "  ← best" if r is best else ("" if r.finished else "  (unfinished)")
+        if low is not None and not low.value >= r.cfg.log.headroom_warn:
+            mark += f"  ← {low.site} stopped normalizing at step {low.step}"
         lines.append(f"{r.path.name:<{width}}{r.strategy:<12}{r.cfg.optim.name:<7}{r.cfg.optim.lr:>9.2e}"
-                     f"{f'{step}/{r.cfg.train.steps}':>15}{r.final_tokens:>16,}{loss:>10}{mark}")
+                     f"{f'{step}/{r.cfg.train.steps}':>15}{r.final_tokens:>16,}{loss:>10}"
+                     f"{'-' if low is None else f'{low.value:.1e}':>10}{mark}")
     return "\n".join(lines)
 
 

@@ -109,7 +109,7 @@ OUT_OF_RANGE = {
     "train.eval_tokens": [0, -1], "train.extra_eval_tokens": [0, -1], "train.ckpt_every": [0], "train.keep_ckpts": [0],
     "train.loss_chunk_tokens": [-1],
     "train.fsdp_prefetch": [-1], "train.max_consecutive_skips": [0, -3], "train.seed": [-1, 2**32],
-    "log.every": [0, -10],
+    "log.every": [0, -10], "log.headroom_warn": [-1.0, float("inf"), float("nan")],
 }
 # Numeric fields whose every finite value is valid (non-finite ones are refused for every float field below).
 UNBOUNDED = {"optim.muon.ns_coefficients"}

@@ -279,3 +279,39 @@ def test_an_invariant_magnitude_gets_gradient_only_through_eps():
         assert none.abs().max() <= 1e-9 * big.abs().max()
         if not bool(mask.all()):  # the router's β: a real gradient at eps 0
             assert grads[0.0][name][~mask].abs().min() > 1e6 * none.abs().max()
+
+
+# ------------------------------------------------------------------------------------- Muon on the MoE router
+
+def test_muon_takes_the_router_as_the_paper_reads_and_the_knob_keeps_it_on_adamw():
+    """docs/paper.md §3.2: Muon on "2D matrices inside Transformer layers", the MoE router's among them;
+    optim.muon.router false keeps it on AdamW."""
+    from config import load_config, resolve_vocab
+    from model.llama import Llama
+    for router, group in ((None, "muon"), ("false", "adamw/decay")):
+        cfg = load_config("configs/tiny_moe.yaml", ["optim.name=muon"] + ([f"optim.muon.router={router}"] if router
+                                                                          else []))
+        with torch.device("meta"):
+            model = Llama(resolve_vocab(cfg))
+        groups = param_groups(model.named_parameters(), model.param_roles(), cfg.optim)
+        names = {id(p): n for n, p in model.named_parameters()}
+        where = {names[id(p)]: g["name"] for g in groups for p in g["params"]}
+        assert where["layers.0.mlp.router.weight"] == group
+        assert where["layers.0.mlp.gate_proj.weight"] == "muon"
+
+
+def test_a_run_saved_before_the_router_knob_reads_as_adamw(tmp_path):
+    """A config.yaml written before optim.muon.router existed trained the router with AdamW: reading it back says
+    false (kernel/config.py, `since`), and a resume under today's default is refused rather than switching it."""
+    import yaml
+    from config import load_config, load_saved_config
+    from kernel.config import resume_conflicts
+    cfg = load_config("configs/tiny_moe.yaml", ["optim.name=muon"])
+    old = cfg.to_dict()
+    del old["optim"]["muon"]["router"]
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(old))
+    assert load_saved_config(path).optim.muon.router is False and cfg.optim.muon.router is True
+    assert load_config(path).optim.muon.router is True  # a config a user writes gets today's default
+    assert resume_conflicts(path.read_text(), cfg) == ["optim.muon.router: False in the checkpoint, True now"]
+    assert resume_conflicts(yaml.safe_dump(cfg.to_dict()), cfg) == []

@@ -25,8 +25,9 @@ from train_harness import (U32, U64, _error_worker, _worker, args_for, data_dir,
 # ------------------------------------------------------------------------------------------------------ tests
 
 
-def test_run_dir_contract(data_dir, tmp_path):
+def test_run_dir_contract(data_dir, tmp_path, capsys):
     summary = train.main(args_for(data_dir, tmp_path, "smoke"))
+    assert "stopped normalizing" not in capsys.readouterr().err  # the unified preset at its lr: every branch on
     run = tmp_path / "smoke"
     assert summary["step"] == 6 and (run / "config.yaml").exists()
     saved = load_config(run / "config.yaml")
@@ -39,6 +40,8 @@ def test_run_dir_contract(data_dir, tmp_path):
     assert [r["step"] for r in eval_recs] == [0, 3, 6]
     assert all("val_loss" in r and "wnorm/L0/q" in r for r in eval_recs)
     assert "scale/scale_output/L1/mean" in eval_recs[-1]
+    headroom = {k: v for k, v in eval_recs[-1].items() if k.startswith("headroom/")}
+    assert len(headroom) == 2 * 5 + 1 and min(headroom.values()) > 100  # q, k, v, gate, up per layer; the LM head
     assert eval_recs[-1]["val_loss"] < eval_recs[0]["val_loss"]
     assert latest_checkpoint(run / "checkpoints").name.endswith("6")
 
