@@ -10,10 +10,11 @@ from typing import Optional
 
 from repro.comparisons import Comparison
 from repro.measure import Results, Row
+from repro.over_training import lead_table
 from repro.plotting import plot_horizon
 from repro.proxy import compute_params
-from repro.stats import (GROWS, H_APPEARS, H_FADES, H_NONE, H_REVERSES, HOLDS, SHRINKS, TOO_FEW, Stat, fmt,
-                         over_horizon, verdict_class, welch)
+from repro.stats import (GROWS, H_APPEARS, H_FADES, H_NONE, H_REVERSES, HOLDS, SHRINKS, TOO_FEW, Difference, Stat,
+                         fmt, over_horizon, verdict_class, welch)
 
 
 @dataclass(frozen=True)
@@ -48,9 +49,29 @@ def horizon_points(res: Results, comps: list[Comparison]) -> list[HorizonPoint]:
     return out
 
 
+def best_read(points: list[HorizonPoint]) -> list[HorizonPoint]:
+    """The rungs read with each design at its best lr."""
+    return [p for p in points if p.best is not None and p.best.delta is not None]
+
+
+def families_read(res: Results) -> list[list[HorizonPoint]]:
+    """Each horizon family's rungs read with each design at its best lr, shortest first (a family with none is left
+    out): the last is the family's headline."""
+    return [pts for comps in horizon_families(res).values() if (pts := best_read(horizon_points(res, comps)))]
+
+
 HORIZON_WORDS = {HOLDS: "holds", GROWS: "grows", SHRINKS: "shrinks (still resolved)", H_FADES: "fades",
                  H_REVERSES: "reverses", H_APPEARS: "appears only at the longer horizon",
                  H_NONE: "is resolved at neither horizon", TOO_FEW: "cannot be read (too few seeds)"}
+
+
+def from_to(points: list[HorizonPoint]) -> tuple[list[HorizonPoint], str]:
+    """The rungs read with each design at its best lr, and "From 10.5 to 105 tokens per compute parameter" over
+    them ("" with fewer than two)."""
+    pts = best_read(points)
+    if len(pts) < 2:
+        return pts, ""
+    return pts, f"From {pts[0].tokens_per_param:.3g} to {pts[-1].tokens_per_param:.3g} tokens per compute parameter"
 
 
 def horizon_trend(points: list[HorizonPoint]) -> Optional[str]:
@@ -58,19 +79,17 @@ def horizon_trend(points: list[HorizonPoint]) -> Optional[str]:
     with both deltas and their Welch difference; then, over three or more rungs, each step's change (a path that
     moves both ways, each step resolved, is not a trend the ends can summarize); then the same on WikiText-2. None
     with fewer than two rungs read."""
-    pts = [p for p in points if p.best is not None and p.best.delta is not None]
-    if len(pts) < 2:
+    pts, span = from_to(points)
+    if not span:
         return None
     first, last = pts[0].best, pts[-1].best
-    out = [f"From {pts[0].tokens_per_param:.3g} to {pts[-1].tokens_per_param:.3g} tokens per compute parameter, each "
-           f"design at its best lr, unified − baseline goes from {change_text(first.delta, last.delta)}."]
-    steps = [(a, b, welch(a.best.delta, b.best.delta)) for a, b in zip(pts, pts[1:])]
-    steps = [(a, b, d) for a, b, d in steps if d is not None]
+    out = [f"{span}, each design at its best lr, unified − baseline goes from "
+           f"{change_text(first.delta, last.delta)}."]
+    steps = path_steps(pts)
     if len(pts) >= 3 and steps:
         out.append("Rung by rung (Welch, 95 %): " + ", ".join(
             f"×{a.comp.horizon} to ×{b.comp.horizon} {d.mean:+.4f} ± {d.half:.4f}" for a, b, d in steps) + ".")
-        moved = {d.mean > 0 for _, _, d in steps if d.resolved}
-        if len(moved) == 2:
+        if both_ways(steps):
             out[-1] = out[-1][:-1] + (": the path moves both ways, each way resolved, so its ends alone do not give "
                                       "its shape.")
     if first.wiki is not None and last.wiki is not None:
@@ -78,13 +97,45 @@ def horizon_trend(points: list[HorizonPoint]) -> Optional[str]:
     return " ".join(out)
 
 
+def horizon_brief(points: list[HorizonPoint]) -> Optional[str]:
+    """horizon_trend for the first screen, in short sentences: the verdict from the shortest horizon to the longest
+    with both means, whether the path moves both ways, the same on WikiText-2 (the horizon section has the
+    intervals). None with fewer than two rungs read."""
+    pts, span = from_to(points)
+    if not span:
+        return None
+    a, b = pts[0].best, pts[-1].best
+    out = [f"{span}, **{verdict_words(a.delta, b.delta)}** ({a.delta.mean:+.4f} to {b.delta.mean:+.4f})."]
+    if len(pts) >= 3 and both_ways(path_steps(pts)):
+        out.append("Its path moves both ways, each step resolved.")
+    if a.wiki is not None and b.wiki is not None:
+        out.append(f"On WikiText-2 **{verdict_words(a.wiki, b.wiki)}** ({a.wiki.mean:+.4f} to {b.wiki.mean:+.4f}).")
+    return " ".join(out)
+
+
+def path_steps(pts: list[HorizonPoint]) -> list[tuple[HorizonPoint, HorizonPoint, Difference]]:
+    """Each step from one rung read to the next: its Welch difference of the best-vs-best deltas."""
+    steps = [(a, b, welch(a.best.delta, b.best.delta)) for a, b in zip(pts, pts[1:])]
+    return [(a, b, d) for a, b, d in steps if d is not None]
+
+
+def both_ways(steps: list[tuple[HorizonPoint, HorizonPoint, Difference]]) -> bool:
+    """Whether resolved steps move the delta both up and down."""
+    return len({d.mean > 0 for _, _, d in steps if d.resolved}) == 2
+
+
+def verdict_words(a: Stat, b: Stat) -> str:
+    """"the verdict holds": over_horizon's verdict, with the design ahead where one appears."""
+    verdict = over_horizon(a, b)
+    leader = f", {'unified' if b.mean < 0 else 'baseline'} ahead" if verdict == H_APPEARS else ""  # which way it came
+    return f"the verdict {HORIZON_WORDS[verdict]}{leader}"
+
+
 def change_text(a: Stat, b: Stat) -> str:
     """A delta at the shortest and the longest horizon, their Welch difference and the verdict (over_horizon)."""
     d = welch(a, b) if a.n >= 2 and b.n >= 2 else None
     diff = f"; the change {d.mean:+.4f} ± {d.half:.4f} (Welch, 95 %)" if d else ""
-    verdict = over_horizon(a, b)
-    leader = f", {'unified' if b.mean < 0 else 'baseline'} ahead" if verdict == H_APPEARS else ""  # which way it came
-    return f"{fmt(a, True)} to {fmt(b, True)}{diff}: **the verdict {HORIZON_WORDS[verdict]}{leader}**"
+    return f"{fmt(a, True)} to {fmt(b, True)}{diff}: **{verdict_words(a, b)}**"
 
 
 def horizon_section(res: Results, img_dir: Path) -> list[str]:
@@ -124,4 +175,17 @@ def horizon_section(res: Results, img_dir: Path) -> list[str]:
                       same_name: [(p.tokens_per_param, p.same.delta) for p in points]}
             plot_horizon(series, paper, f"{name}: unified − baseline", img_dir / f"{key}.png")
             out += [f"![{name}](img/{img_dir.name}/{key}.png)", ""]
-    return out
+    return out + lead_inside(res)
+
+
+def lead_inside(res: Results) -> list[str]:
+    """The lead inside each family's longest runs, each design at its best lr: at a few shares of training, from the
+    runs' eval records, and where it is largest. A lead read only at the end can hide one that peaked and faded."""
+    named = [(f"{p.comp.title.split(' at ')[0].removeprefix('The horizon, ')} at {p.tokens_per_param:.3g}", p.best)
+             for p in (pts[-1] for pts in families_read(res))]
+    table = lead_table(res, named)
+    if not table:
+        return []
+    return ["### The lead inside the longest runs", "",
+            "Unified − baseline, each at its best lr, at the evaluation nearest each share of training (paired by "
+            "seed, 95 % interval), and where the lead of the design ahead at the end is largest:", "", *table, ""]

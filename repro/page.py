@@ -17,8 +17,10 @@ from repro import proxy
 from repro.comparisons import Comparison, Plan
 from repro.figures import FIGURES
 from repro.measure import Results
-from repro.reading import (CENTRAL, MDE_FLOOR, count_section, horizon_heads, plain_reading, retuned_done,
-                           short_of_power)
+from repro.budget import budget_sentences
+from repro.first_screen import plain_reading
+from repro.over_training import wiki_methods
+from repro.reading import CENTRAL, count_section, horizon_heads, past_page, plan_labels, retuned_done, short_of_power
 from runs import Run
 from repro.horizon_section import horizon_families, horizon_section
 from repro.magnitude_section import magnitudes_section
@@ -137,12 +139,14 @@ def write_page(plan: Plan, where: dict, page: Path, cpu: dict[str, float], wiki:
         "# Results: a measured small-scale reproduction of Figures 1 and 5–9",
         "",
         "<!-- Written by `python -m repro.results` from the runs' config.yaml and metrics.jsonl, and rebuilt from "
-        f"the archive by `{rebuild}`; edit repro/page.py, repro/reading.py and repro/sections.py, not this file. -->",
+        f"the archive by `{rebuild}`; edit repro/page.py, repro/first_screen.py, repro/reading.py and repro/sections.py, not this file. -->",
         "",
         *intro(res, cpu, rebuild),
         "",
         *scope(res, retuned_done(res)),
         "",
+        *([*labels, ""] if (labels := plan_labels(res)) else []),
+        *([*wiki, ""] if (wiki := wiki_methods(res)) else []),
         "## The reading in plain words",
         "",
         *plain_reading(res),
@@ -166,19 +170,13 @@ def write_page(plan: Plan, where: dict, page: Path, cpu: dict[str, float], wiki:
 
 
 def intro(res: Results, cpu: dict[str, float], rebuild: str) -> list[str]:
-    # A run the ledger never saw (trained before the ledger existed, or by hand) is named, so the total is not read
-    # as every run's cost.
-    unledgered = sorted(r.path.name for r in res.loaded if r.path.name not in cpu)
-    ran = sum(cpu.get(r.path.name, 0.0) for r in res.loaded)
-    one = len(unledgered) == 1
-    counted = (f"; {len(unledgered)} {'run' if one else 'runs'} ({', '.join(unledgered)}) "
-               f"{'has' if one else 'have'} no entry in the ledger, so {'its' if one else 'their'} time is not in it"
-               if unledgered else "")
+    # The budget is split by where each run came from (repro/budget.py): a total alone would count runs this page
+    # reuses, or no longer reads, as if trained for it.
+    _, past = past_page(res)
     return [
         f"Every number below comes from {len(res.loaded)} finished runs ({seeds_per_curve(res)} per curve) of the "
-        f"CPU proxy, written by `python -m repro.results`, which ran them in **{ran / 3600:.2f} CPU-hours** "
-        f"(user + system time of every run's process, summed over every invocation{counted}); this page is rebuilt "
-        f"from the runs' archive by `{rebuild}`. Deltas are *ours − reference* in the final validation loss (the eval set "
+        f"CPU proxy, written by `python -m repro.results`. {budget_sentences(res, cpu, past.name, past.archive)} "
+        f"This page is rebuilt from the runs' archive by `{rebuild}`. Deltas are *ours − reference* in the final validation loss (the eval set "
         "below), paired by seed, with a 95 % Student-t interval; WikiText-2 is its test set, never trained on, "
         "evaluated with the same final weights. The MDE is the smallest true delta these seeds resolve with 80 % "
         "power at 95 %: (t₀.₉₇₅ + t₀.₈₀, n − 1 degrees of freedom) · sd / √n of the paired deltas. A delta is "
@@ -225,12 +223,13 @@ def scope(res: Results, retuned: bool = False) -> list[str]:
     todo = []
     short = short_of_power(res)
     if short:
-        todo.append(f"the seeds that would power {len(short)} of the {len(CENTRAL) + len(horizon_heads(res))} "
-                    f"claims above the tables ({'; '.join(short)}; the count below gives the seeds each would need)")
+        todo.append(f"the seeds the pilot rule asks for {len(short)} of the {len(CENTRAL) + len(horizon_heads(res))} "
+                    f"claims above the tables ({'; '.join(short)}; the first table gives each its seeds and the "
+                    "rule's n)")
     if not retuned:
         todo.append("best lr against best lr for the headline")
     powered = ("" if short else f" Every one of the {len(CENTRAL) + len(horizon_heads(res))} claims above the tables "
-               f"has the seeds for an MDE at or below the larger of its |Δ| and {MDE_FLOOR:g} (the count below).")
+               "has the seeds its pilot fixes by the rule (the power section).")
     return [f"**The eval set.** {said}", *apart, "",
             f"Read with today's rules (every page is rebuilt with them): {rules}." + powered
             + (f" Not done yet: {' and '.join(todo)}." if todo else "")]

@@ -1,9 +1,8 @@
-"""The results page's reading: first in plain words (which of the paper's claims the proxy supports, contradicts,
-rules out in size, or cannot resolve, with the numbers, and the headline with each design at its best lr once those
-runs exist), then the count behind it — the rows that are sums of others, each independent row's paired t test with
-the Holm and Benjamini–Hochberg corrections, the seeds each central claim needs — and the previous page against this
-one (v2 against v1, v3 against v2). Labels are repro/stats.py's, the basis repro/contrasts.py's, the tests
-repro/significance.py's, the laws repro/laws.py's through repro/sections.py.
+"""The results page's count behind its reading (the reading in plain words is repro/first_screen.py's): the claims the
+page leads with, the rows that are sums of others, each independent row's paired t test with the Holm and
+Benjamini–Hochberg corrections, the seeds each central claim needs by the pilot rule and what that n lets its label
+say, and the previous page against this one (v2 against v1, v3 against v2, v4 against v3). Labels are
+repro/stats.py's, the basis repro/contrasts.py's, the tests repro/significance.py's.
 """
 from __future__ import annotations
 
@@ -12,14 +11,11 @@ from typing import Optional
 from repro.comparisons import Comparison
 from repro.contrasts import Contrasts, combination_text, contrasts
 from repro.measure import PILOT_SEEDS, Results, Row
-from repro.proxy import DENSE, MOE, TOKENS_PER_PARAM
-from repro.horizon_section import horizon_families, horizon_points, horizon_trend
-from repro.sections import (grid_edge, ladder_at_best_lr, law_of, law_sentence, lead_after_retuning, lead_at_shared_best,
-                            shared_best)
+from repro.proxy import DENSE, MOE
+from repro.horizon_section import families_read
 from repro.sources import all_prefix
-from repro.significance import benjamini_hochberg, holm, p_value, seeds_for
-from repro.stats import (ALPHA, CONSISTENT, CONTRADICTS, FAR, LARGER, REPRODUCES, RULED_OUT, SMALLER, UNDECIDED,
-                         UNINFORMATIVE, VERDICTS, far, fmt, ratio, stat, verdict_class)
+from repro.significance import benjamini_hochberg, half_at, holm, p_value, seeds_for, seeds_for_half
+from repro.stats import ALPHA, SIZE_RULE, VERDICTS, fmt, stat, t80, t975, verdict_class
 from repro.variance import variance_lines
 from repro.versions import BEST, V1, V2, V3, PastPage
 
@@ -91,109 +87,10 @@ def first(res: Results, r: Row) -> Row:
     return r if r.same_as is None else next(x for x in res.rows if x.title == r.same_as)
 
 
-def delta_text(r: Row) -> str:
-    """"-0.0430 [-0.0847, -0.0013] against the paper's -0.0063" and what the label adds."""
-    v, base = verdict_class(r.delta, r.paper), fmt(r.delta, True)
-    if r.paper is None:
-        return base
-    base += f" against the paper's {r.paper:+.4f}"
-    if v in (REPRODUCES, CONSISTENT):
-        return base + f", ours/paper {ratio(r.delta, r.paper):.2f}" + (" (far from it)" if far(r.delta, r.paper)
-                                                                        else "")
-    if v in (LARGER, SMALLER):
-        return base + f", {ratio(r.delta, r.paper):.2f}× the paper's, its value outside the interval"
-    if v in (UNINFORMATIVE, UNDECIDED):
-        return base + f", MDE {r.delta.mde:.4f}"
-    return base
-
-
-def wiki_text(r: Row) -> str:
-    """The same delta on WikiText-2 (never trained on), and whether a resolved delta keeps its sign there."""
-    if r.wiki is None or r.delta is None or r.wiki.n < 2:
-        return ""
-    text = f"; on WikiText-2 {fmt(r.wiki, True)}"
-    if r.delta.resolved and r.wiki.resolved and (r.delta.mean > 0) != (r.wiki.mean > 0):
-        return text + ", **the sign flips, resolved both ways**"
-    return text
-
-
 def sign_flips(rows: list[Row]) -> list[Row]:
     """The rows resolved on the eval set and on WikiText-2 with opposite signs."""
     return [r for r in rows if r.delta is not None and r.wiki is not None and r.delta.resolved and r.wiki.resolved
             and (r.delta.mean > 0) != (r.wiki.mean > 0)]
-
-
-# The plain reading's groups: (heading, the verdict classes it holds).
-GROUPS = (("Supported", "resolved, with the paper's sign", (REPRODUCES, CONSISTENT, LARGER, SMALLER)),
-          ("Contradicted", "resolved, with the opposite sign", (CONTRADICTS,)),
-          ("The paper's size ruled out", "unresolved, but the interval excludes the paper's value", (RULED_OUT,)),
-          ("Not resolved at this scale", "the interval holds both 0 and the paper's value; an MDE above the paper's "
-           "|Δ| means these seeds could not have seen its effect (uninformative, not a null)",
-           (UNINFORMATIVE, UNDECIDED)))
-
-
-def plain_reading(res: Results) -> list[str]:
-    """Before any table: what the proxy says of each of the paper's claims, in words and numbers."""
-    rows = distinct(res)
-    if not rows:
-        return ["No delta has two seeds yet: the proxy says nothing about the paper's claims so far.", ""]
-    holm_of = holm_verdicts(family_contrasts(res))
-    out = horizon_lines(res, holm_of)
-    out += ["The paper's central claims" + (f" at the proxy's {TOKENS_PER_PARAM:g} tokens per compute parameter"
-                                            if out else "") + ", each one row of the tables below, each design at "
-            "its best lr where an lr grid measures it:", ""]
-    rows_of = dict(central_rows(res))
-    planned = {c.key for c in res.plan.comparisons}
-    out += [claim_line(res, name, rows_of.get(name), holm_of) for name, key, _ in CENTRAL if key in planned]
-    secondary = central_rows(res, SECONDARY)
-    if secondary:
-        out += ["", "At the paper's lr, for each grid's claim (secondary: the paper tuned its lr for the baseline):",
-                ""]
-        out += [f"- {name}: {delta_text(r)}: **{verdict_class(r.delta, r.paper)}**"
-                f"{holm_of.get(id(first(res, r)), '')}{wiki_text(r)}." for name, r in secondary]
-    out.append("")
-    for head, what, classes in GROUPS:
-        group = [r for r in rows if verdict_class(r.delta, r.paper) in classes]
-        if group:
-            out.append(f"- **{head}** ({what}; {len(group)} of {len(rows)}): "
-                       + "; ".join(f"{r.title} ({delta_text(r)})" for r in group) + ".")
-    farther = [r for r in rows if far(r.delta, r.paper)]
-    if farther:
-        out.append(f"- **Far from the paper's value** (a point estimate of the opposite sign, or more than {FAR:g}× "
-                   f"or under 1/{FAR:g} of the paper's; {len(farther)} of {len(rows)}): "
-                   + "; ".join(f"{r.title} ({ratio(r.delta, r.paper):.2f}×)" for r in farther) + ".")
-    out += ["", count_sentence(res, family_contrasts(res))]
-    for comp in res.plan.comparisons:
-        law = law_of(res, comp) if comp.kind == "ladder" else None
-        if law is not None and law.boot is not None:
-            out += ["", law_sentence(comp, law) + ladder_at_best_lr(res, comp)]
-    return out + [""]
-
-
-def horizon_lines(res: Results, holm_of: dict[int, str]) -> list[str]:
-    """The headline at the longest horizon that has run, each design at its best lr (repro/horizon_section.py,
-    horizon_section): its delta, label, Holm verdict and WikiText-2 delta, and what the horizon did to it; nothing
-    before a horizon rung has run."""
-    out = []
-    for comps in horizon_families(res).values():
-        points = [p for p in horizon_points(res, comps) if p.best is not None and p.best.delta is not None]
-        if not points:
-            continue
-        p, g = points[-1], points[-1].comp.grid
-        name = horizon_name(p.comp)
-        lrs = (f"of {', '.join(res.ran_lrs(p.comp))}: {g.ours} {res.best_lr(p.comp, g.ours)}, {g.reference} "
-               f"{res.best_lr(p.comp, g.reference)}")
-        trend = horizon_trend(points)
-        # Holm's verdict is the first row with these runs (best against best can be the same-lr row)
-        shown = p.best if p.best.same_as is None else next(r for r in res.rows if r.title == p.best.same_as)
-        out.append(f"- {name} unified vs baseline at {p.tokens_per_param:.3g} tokens per compute "
-                   f"parameter, each at its best lr ({lrs}): {delta_text(p.best)}: "
-                   f"**{verdict_class(p.best.delta, p.best.paper)}**{holm_of.get(id(shown), '')}{wiki_text(p.best)}."
-                   + grid_edge(res, p.comp) + (f" {trend}" if trend else ""))
-    if not out:
-        return []
-    return ["The headline at the longest horizon run (the paper trains 100–129 tokens per compute parameter; "
-            "the horizon section below):", "", *out, ""]
 
 
 def retuned_grids(res: Results) -> list[tuple[str, Comparison]]:
@@ -208,33 +105,17 @@ def retuned_done(res: Results) -> bool:
     return bool(rows) and all(len(r) == 2 and r[1].delta is not None and r[1].delta.n >= RETUNED_SEEDS for r in rows)
 
 
-def claim_line(res: Results, name: str, r: Optional[Row], holm_of: dict[int, str]) -> str:
-    """A central claim in one line: its delta, label, Holm verdict and WikiText-2 delta; a grid's best-vs-best row
-    adds the lrs it picked, the same-lr delta and what retuning did to the lead."""
-    if r is None:
-        return f"- {name}: not measured yet (its runs have not finished)."
-    head = f"- {name}"
-    tail = ""
-    comp = r.comparison
-    if comp.kind == "lr_grid" and r.label.startswith("each at its best lr"):
-        g, same = comp.grid, res.rows_of(comp)[0]
-        head += (f" (of {', '.join(res.ran_lrs(comp))}: {g.ours} {res.best_lr(comp, g.ours)}, {g.reference} "
-                 f"{res.best_lr(comp, g.reference)})")
-        words = (lead_at_shared_best(g, same.delta) if shared_best(res, comp)
-                 else lead_after_retuning(g, same.delta, r.delta))
-        tail = f"; at the same lr ({g.same}) {fmt(same.delta, True)}: {words}.{grid_edge(res, comp)}"
-    return (f"{head}: {delta_text(r)}: **{verdict_class(r.delta, r.paper)}**{holm_of.get(id(first(res, r)), '')}"
-            f"{wiki_text(r)}" + (tail or "."))
-
-
-def holm_verdicts(c: Contrasts) -> dict[int, str]:
+def survives_holm(c: Contrasts) -> dict[int, bool]:
     """For each basis row (by id), whether it survives Holm's correction over the page's family of basis rows."""
     _, by_holm, _ = tests_over(c)
+    return {id(r): keep for r, keep in zip(c.basis, by_holm)}
+
+
+def holm_family(c: Contrasts) -> str:
+    """The family Holm's correction runs over, in words: "the 50 basis rows (14 of them lr-grid picks)"."""
     n, picks = len(c.basis), sum(map(is_pick, c.basis))
-    over = f"the {n} basis rows" + (f" ({picks} of them {'an lr-grid pick' if picks == 1 else 'lr-grid picks'})"
+    return f"the {n} basis rows" + (f" ({picks} of them {'an lr-grid pick' if picks == 1 else 'lr-grid picks'})"
                                     if picks else "")
-    return {id(r): f"; {'survives' if keep else 'does not survive'} Holm over {over}"
-            for r, keep in zip(c.basis, by_holm)}
 
 
 def tests_over(c: Contrasts) -> tuple[list[float], list[bool], list[bool]]:
@@ -323,23 +204,61 @@ def horizon_name(comp: Comparison) -> str:
 
 def horizon_heads(res: Results) -> list[tuple[str, Row]]:
     """Each horizon family's headline: its longest rung read, each design at its best lr (the page's first claims)."""
-    out = []
-    for comps in horizon_families(res).values():
-        points = [p for p in horizon_points(res, comps) if p.best is not None and p.best.delta is not None]
-        if points:
-            p = points[-1]
-            out.append((f"{horizon_name(p.comp)} at {p.tokens_per_param:.3g} tokens per compute parameter, each at "
-                        "its best lr", p.best))
-    return out
+    return [(f"{horizon_name(p.comp)} at {p.tokens_per_param:.3g} tokens per compute parameter, each at its best lr",
+             p.best) for p in (pts[-1] for pts in families_read(res))]
+
+
+def screen_claims(res: Results) -> list[tuple[str, Optional[Row]]]:
+    """The claims of the page's first screen, in its order: the horizon headlines, CENTRAL (None where a planned claim
+    has no row yet), then SECONDARY."""
+    rows = dict(central_rows(res))
+    planned = {c.key for c in res.plan.comparisons}
+    return (horizon_heads(res) + [(name, rows.get(name)) for name, key, _ in CENTRAL if key in planned]
+            + [(f"{name} (secondary)", r) for name, r in central_rows(res, SECONDARY)])
+
+
+def row_plan(res: Results, r: Row) -> Optional[int]:
+    """The n the pilot rule fixes for a row (planned_seeds), None before its pilot has run."""
+    return planned_seeds(res.paired(r.comparison, r.ours, r.ref), target_mde(r))
 
 
 def short_of_power(res: Results) -> list[str]:
-    """The claims of the page's first screen (the horizon headlines and CENTRAL) whose seeds do not yet give an MDE
-    at or below their target, or that have no two seeds."""
+    """The claims of the page's first screen (the horizon headlines and CENTRAL) with fewer seeds than the pilot rule
+    fixes for them (or no pilot yet): the rule's n, not the MDE the seeds happen to give, says when a row is done."""
     rows = dict(central_rows(res))
-    weak = lambda r: r is None or r.delta is None or r.delta.n < 2 or r.delta.mde > target_mde(r)  # noqa: E731
+    weak = lambda r: (r is None or r.delta is None or (plan := row_plan(res, r)) is None  # noqa: E731
+                      or r.delta.n < plan)
     return ([name for name, r in horizon_heads(res) if weak(r)]
             + [name for name, _, _ in CENTRAL if weak(rows.get(name))])
+
+
+def size_reach(res: Results, r: Row) -> Optional[tuple[int, float, Optional[int]]]:
+    """What the pilot rule's n lets a row's label say about size: (that n, its half-width at the pilot's sd over
+    SIZE_RULE·|paper Δ|, the seeds whose half-width at the pilot's sd meets the size rule); None without a pilot or a
+    paper value. A ratio above 1: *reproduces the size* is out of reach at the planned n unless the sd falls."""
+    deltas = res.paired(r.comparison, r.ours, r.ref)
+    n = row_plan(res, r)
+    if n is None or not r.paper:
+        return None
+    sd, bound = stat(deltas[:PILOT_SEEDS]).sd, SIZE_RULE * abs(r.paper)
+    return n, half_at(sd, n) / bound, seeds_for_half(sd, bound)
+
+
+def plan_labels(res: Results) -> list[str]:
+    """The methods paragraph on what the seed plan lets a label say, from the first screen's planned claims."""
+    reach = [(name, x) for name, r in screen_claims(res) if r is not None and (x := size_reach(res, r))]
+    if not reach:
+        return []
+    ratios = [t975(n - 1) / (t975(n - 1) + t80(n - 1)) for _, (n, _, _) in reach]
+    can = [name for name, (_, over, _) in reach if over <= 1]
+    return [f"**The seed plan and the labels.** Each claim's n is planned for an MDE at most the larger of the "
+            f"paper's |Δ| and {MDE_FLOOR:g} (the power section). At that n the half-width is t₀.₉₇₅ / (t₀.₉₇₅ + "
+            f"t₀.₈₀) of the MDE: {min(ratios):.2f}–{max(ratios):.2f} at the planned n's. *Reproduces the size* needs "
+            f"a half-width at most {SIZE_RULE:g} of the paper's |Δ|. So a row planned this way can reach every label "
+            f"but *reproduces the size*, unless its later seeds' sd falls well below its pilot's. At their pilots' "
+            f"sd, {len(can) or 'none'} of the {len(reach)} planned claims could reach it"
+            + (f" ({'; '.join(can)})" if can else "") + ". The power section gives the seeds the size rule would "
+            "need; the plan does not train them."]
 
 
 def power_lines(res: Results) -> list[str]:
@@ -359,8 +278,12 @@ def power_lines(res: Results) -> list[str]:
            "pilot's seeds, so its n trains the two best lrs' curves. The same-lr rows follow (secondary), then each "
            "other lr grid's best-vs-best row for reference.",
            "",
-           "| claim | row | seeds | paired sd | MDE now | paper Δ | target MDE | seeds for it now | the pilot's n |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           f"The last two columns are the size rule's: the half-width at the rule's n and the pilot's sd, over "
+           f"{SIZE_RULE:g} of the paper's |Δ| (above 1, *reproduces the size* is out of reach there), and the seeds "
+           "that would bring it to 1 at the pilot's sd.",
+           "",
+           "| claim | row | seeds | paired sd | MDE now | paper Δ | target MDE | seeds for it now | the pilot's n | "
+           "half-width / size bound | seeds for the size |", "|---" * 11 + "|"]
     # Each lr grid's best-lr-against-best-lr row (and Fig. 1's own second row), for reference: not
     # a central claim, so it sets no target the opening reports, and its best lrs are themselves read from the seeds.
     central = {key for _, key, _ in CENTRAL}
@@ -374,9 +297,10 @@ def power_lines(res: Results) -> list[str]:
         paper = f"{r.paper:+.4f}" if r.paper is not None else "–"
         sd = f"{r.delta.sd:.4f}" if r.delta and r.delta.n >= 2 else "–"
         mde = f"{r.delta.mde:.4f}" if r.delta and r.delta.n >= 2 else "–"
-        plan = planned_seeds(res.paired(r.comparison, r.ours, r.ref), target)
+        plan, size = row_plan(res, r), size_reach(res, r)
+        sized = f"{size[1]:.2f} | {size[2] if size[2] is not None else '–'}" if size else "– | –"
         out.append(f"| {name} | {r.title} | {r.delta.n if r.delta else 0} | {sd} | {mde} | {paper} | {target:.4f} | "
-                   f"{need if need is not None else '–'} | {plan if plan is not None else 'no pilot yet'} |")
+                   f"{need if need is not None else '–'} | {plan if plan is not None else 'no pilot yet'} | {sized} |")
     return out + [""] + beyond_rule_lines(res, rows + best) + variance_lines(res, [r for _, r in rows])
 
 

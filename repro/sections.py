@@ -16,7 +16,8 @@ from repro.laws import (MIN_RUNGS, LadderLaw, Rung, ladder_law, pflops_days, rat
 from repro.measure import CurvePanel, Results, Row, lr_curve
 from repro.plotting import draw_deltas, plot_law
 from repro.proxy import compute_params
-from repro.stats import APPEARS, FADES, NO_LEAD, REVERSES, SURVIVES, TOO_FEW, Stat, fmt, ratio, retuned
+from repro.retuning import retuning_sentence
+from repro.stats import fmt, ratio
 
 DAGGER = "†"
 DELTA_HEAD = "Δ val [95 % CI] | paper Δ | ours/paper | MDE | Δ WikiText-2 [95 % CI] | verdict"
@@ -159,79 +160,6 @@ def partial_line(res: Results, comp: Comparison, missing: list[Curve], ran: tupl
     cmd = train_command(res, comp, missing)
     return (f"**Not run yet:** {', '.join(c.label for c in missing)}. Each design's *best* lr is the best of "
             f"{', '.join(ran)}, the lrs both have run. `{cmd}` trains the rest.")
-
-
-def retuning_sentence(res: Results, comp: Comparison) -> Optional[str]:
-    """An lr grid's ours − reference at the same lr beside each at its best lr (both paired by seed), and whether the
-    same-lr lead survives lr retuning (repro/stats.py, retuned); None without the best-lr row."""
-    rows = res.rows_of(comp)
-    if len(rows) < 2:
-        return None
-    g, (same, best) = comp.grid, rows
-    d = g.delta
-    if (best.ours, best.ref) == (same.ours, same.ref):
-        numbers = (f"Both designs are best at {g.same}, so the delta with each at its best lr is the same-lr one, "
-                   f"{d} {fmt(same.delta, True)} (paired by seed)")
-    else:
-        numbers = (f"{d}: {fmt(same.delta, True)} at the same lr ({g.same}), {fmt(best.delta, True)} with each at "
-                   f"its best lr ({g.ours} {res.best_lr(comp, g.ours)}, {g.reference} {res.best_lr(comp, g.reference)};"
-                   " each paired by seed)")
-    words = (lead_at_shared_best(g, same.delta, say_lr=False) if shared_best(res, comp)
-             else lead_after_retuning(g, same.delta, best.delta))
-    return f"{numbers}: {words}.{grid_edge(res, comp)}"
-
-
-def shared_best(res: Results, comp: Comparison) -> bool:
-    """Whether both designs of an lr grid are best at its same lr: then best against best is the same-lr row itself,
-    and nothing was retuned."""
-    g = comp.grid
-    return res.best_lr(comp, g.ours) == res.best_lr(comp, g.reference) == g.same
-
-
-def lead_at_shared_best(g: LrGrid, same: Optional[Stat], say_lr: bool = True) -> str:
-    """What the grid says when both designs are best at its same lr: retuning moved neither design, so the same-lr
-    delta is the best-vs-best one and no claim about retuning follows (a lead "survives" only a retuning that ran).
-    `say_lr` names that lr, for a sentence that has not."""
-    if same is None or same.n < 2:
-        return "with fewer than two seeds paired there is no interval"
-    lead = g.ours if same.mean < 0 else g.reference
-    said = f"{lead} leads, resolved" if same.resolved else "unresolved"
-    return said + (f"; both designs are best at {g.same}" if say_lr else "") + ": **retuning moved neither design**"
-
-
-def grid_edge(res: Results, comp: Comparison) -> str:
-    """A sentence (with its leading space) naming each design whose best lr is the grid's smallest or largest: its
-    optimum may lie outside the grid, so its "best" is only the grid's best; "" when every best is inside."""
-    lrs = sorted(res.ran_lrs(comp), key=float)
-    ends = {lrs[0]: "smallest", lrs[-1]: "largest"}
-    at = [(d, lr) for d in (comp.grid.ours, comp.grid.reference) if (lr := res.best_lr(comp, d)) in ends]
-    if not at:
-        return ""
-    if len(at) == 2 and at[0][1] == at[1][1]:
-        said = f"Both designs' best lr is the grid's {ends[at[0][1]]} ({at[0][1]})"
-    else:
-        said = "; ".join(f"{'The' if i == 0 else 'the'} best lr of {d} is the grid's {ends[lr]} ({lr})"
-                         for i, (d, lr) in enumerate(at))
-    return f" {said}: an optimum may lie beyond the grid, so *best* is the grid's best; a wider grid would tell."
-
-
-def lead_after_retuning(g: LrGrid, same: Optional[Stat], best: Optional[Stat]) -> str:
-    """What lr retuning does to the same-lr lead, in words (lower loss leads)."""
-    v = retuned(same, best)
-    if v == TOO_FEW:
-        return "with fewer than two seeds paired there is no interval, **too few seeds to say whether a lead survives"\
-               " lr retuning**"
-    lead = lambda s: g.ours if s.mean < 0 else g.reference  # noqa: E731
-    trail = lambda s: g.reference if s.mean < 0 else g.ours  # noqa: E731
-    return {SURVIVES: f"{lead(same)} leads, resolved, at the same lr and with each at its best: **the lead survives lr "
-                      "retuning**",
-            FADES: f"{lead(same)}'s lead at the same lr is unresolved with each at its best lr: **the lead does not "
-                   f"survive lr retuning** (a lead at one lr can be only {trail(same)}'s lr tolerance)",
-            REVERSES: f"{lead(same)} leads at the same lr and {lead(best)} with each at its best, both resolved: "
-                      "**the lead reverses under lr retuning**",
-            APPEARS: f"unresolved at the same lr, {lead(best)} leads with each at its best lr: **a lead appears under "
-                     "lr retuning**",
-            NO_LEAD: "neither is resolved: **no lead at the same lr, and none with each at its best lr**"}[v]
 
 
 @dataclass(frozen=True)
@@ -399,24 +327,3 @@ def law_sentence(comp: Comparison, law: LadderLaw) -> str:
                      f"(bootstrap {times_interval(boot.log_crossing, ratio_text)})")
         text += "."
     return text
-
-
-def ladder_at_best_lr(res: Results, comp: Comparison) -> str:
-    """A ladder trains every rung at the paper's lr. Where an lr grid shares a rung's runs (its same-lr row is that
-    rung), its best-vs-best row says whether the rung's lead survives retuning; where it does not, the multiplier
-    may be unified's tolerance of a low lr as much as its efficiency. Empty where no grid shares a rung."""
-    rungs = {r.title: r for r in res.rows_of(comp)}
-    read = []  # (the rung, each design at its best lr there)
-    for grid in (c for c in res.plan.comparisons if c.kind == "lr_grid"):
-        rows = res.rows_of(grid)
-        if len(rows) == 2 and rows[0].same_as in rungs and rows[1].delta is not None:
-            read.append((rungs[rows[0].same_as], rows[1]))
-    if not read:
-        return ""
-    text = (" Every rung trains at the paper's lr; with each design at its best lr, unified − baseline is "
-            + "; ".join(f"{fmt(best.delta, True)} at {rung.label}" for rung, best in read))
-    lost = [rung.label for rung, best in read if retuned(rung.delta, best.delta) in (FADES, REVERSES)]
-    if lost:
-        text += (f": the lead at the paper's lr does not survive retuning at {', '.join(lost)}, so the multiplier "
-                 "may be unified's tolerance of a low lr as much as its efficiency")
-    return text + "."

@@ -107,9 +107,21 @@ def mde_at(sd: float, n: int) -> float:
 
 def seeds_for(sd: float, target: float, most: int = 100_000) -> Optional[int]:
     """The fewest seeds (≥ 2) whose MDE at paired sd `sd` is at most `target` (None beyond `most`)."""
+    return fewest(lambda n: mde_at(sd, n), target, most)
+
+
+def half_at(sd: float, n: int) -> float:
+    """t_{0.975, n−1} · sd / √n: the 95 % interval's half-width for `n` seeds at paired sd `sd`."""
+    return t975(n - 1) * sd / math.sqrt(n)
+
+
+def seeds_for_half(sd: float, half: float, most: int = 100_000) -> Optional[int]:
+    """The fewest seeds (≥ 2) whose interval half-width at paired sd `sd` is at most `half` (None beyond `most`)."""
+    return fewest(lambda n: half_at(sd, n), half, most)
+
+
+def fewest(width, target: float, most: int) -> Optional[int]:
+    """The fewest n in 2..most with width(n) ≤ target; None for a target ≤ 0 or none up to `most`."""
     if target <= 0:
         return None
-    for n in range(2, most + 1):
-        if mde_at(sd, n) <= target:
-            return n
-    return None
+    return next((n for n in range(2, most + 1) if width(n) <= target), None)

@@ -164,6 +164,19 @@ def retuned(same: Optional[Stat], best: Optional[Stat]) -> str:
     return APPEARS if best.resolved else NO_LEAD
 
 
+UNSETTLED = "change unresolved"  # the lead moved with retuning, but the change's own interval holds 0
+
+
+def retuning_verdict(same: Optional[Stat], best: Optional[Stat], change: Optional[Stat]) -> str:
+    """`retuned`, where a verdict that says retuning moved the lead (it does not survive, reverses or appears) also
+    needs the change itself resolved: best-vs-best − same-lr, paired by seed. Two intervals that differ in whether
+    they hold 0 do not make a resolved difference; without one the page says the change is unresolved."""
+    v = retuned(same, best)
+    if v in (FADES, REVERSES, APPEARS) and (change is None or change.n < 2 or not change.resolved):
+        return UNSETTLED
+    return v
+
+
 @dataclass(frozen=True)
 class Difference:
     """b − a of two means from different runs (two horizons' deltas): Welch's 95 % interval, its degrees of freedom

@@ -11,6 +11,7 @@ low, high), keyed by (comparison key, row label in today's plan).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from repro.proxy import DENSE
 
@@ -31,6 +32,7 @@ class PastPage:
     name: str  # "v1", "v2"
     summary: str  # what the page said, in its own words
     deltas: dict[tuple[str, str], PastDelta]
+    archive: Optional[str] = None  # its runs' archive, from the repository's root (v1's runs were not archived)
 
 
 # v1: copied verbatim from docs/results.md as committed in 79287b1 ("Results at six seeds: 144 runs, the page, its
@@ -110,7 +112,7 @@ _V2_SUMMARY = (
     "paper's −0.0302); of the 21 linearly independent rows, 1 survived a Holm or a Benjamini–Hochberg correction."
 )
 
-V2 = PastPage("v2", _V2_SUMMARY, _V2_DELTAS)
+V2 = PastPage("v2", _V2_SUMMARY, _V2_DELTAS, "docs/results_runs_v2.jsonl.gz")
 
 # v3: every counted row of docs/results_v3.md (docs/results.md until results v4) recomputed from its archive
 # docs/results_runs_v3.jsonl.gz (246 runs, 4–20 seeds per curve, 13.87 CPU-hours; repro/tests/test_results_sources.py
@@ -145,4 +147,4 @@ _V3_SUMMARY = (
     "u_e), so a dense delta read in both is v3's runs with any seeds added since; it retrains the MoE designs with u_e."
 )
 
-V3 = PastPage("v3", _V3_SUMMARY, _V3_DELTAS)
+V3 = PastPage("v3", _V3_SUMMARY, _V3_DELTAS, "docs/results_runs_v3.jsonl.gz")

@@ -17,7 +17,8 @@ from repro.figures import FIGURES
 from repro.measure import Results
 from repro.page import proxy_section, scope
 from repro.proxy import DENSE, MOE
-from repro.reading import count_section, plain_reading, retuned_done
+from repro.first_screen import plain_reading
+from repro.reading import count_section, retuned_done
 from repro.runner import plan_runs, select_runs
 from repro.sections import lr_grid_section
 from repro.stats import (APPEARS, FADES, NO_LEAD, REVERSES, SURVIVES, TOO_FEW, Stat, fmt, retuned, verdict_class)
@@ -170,7 +171,9 @@ def test_best_lrs_that_differ_are_chosen_per_design_and_paired_by_seed(tmp_path)
     plain = "\n".join(plain_reading(res))
     line = next(x for x in plain.splitlines() if x.startswith("- Dense unified vs baseline, the 0.12B proxy, each at its best lr"))
     assert "each at its best lr (of 2e-3, 4e-3, 8e-3: unified 4e-3, baseline 2e-3): " in line
-    assert f"**{verdict_class(best.delta, -0.0302)}**" in line and "does not survive lr retuning" in line
+    assert "does not survive lr retuning" in line  # the change, paired by seed, is resolved here
+    row = next(x for x in plain.splitlines() if x.startswith("| Dense unified vs baseline, the 0.12B proxy, each at"))
+    assert f"| {verdict_class(best.delta, -0.0302)} " in row
     assert "Of 2 distinct deltas (1 more row is the same runs as another, shown once)" in "\n".join(
         count_section(res, []))
     # the plan's grid, at 4 seeds
@@ -268,8 +271,8 @@ def test_the_page_says_in_one_line_what_has_not_run(tmp_path):
                         "d64 L4*. `python -m repro.results --seeds 4 --only 'fig6-best_lr/unified lr 2e-3' "
                         "'fig6-best_lr/unified lr 8e-3'` trains them.")
     assert not (tmp_path / "img").exists()
-    assert ("- Dense unified vs baseline, the 0.12B proxy, each at its best lr: not measured yet (its runs have not "
-            "finished).") in plain_reading(res) and "each at its best lr (of" not in "\n".join(plain_reading(res))
+    assert ("| Dense unified vs baseline, the 0.12B proxy, each at its best lr | 0 | – | not measured yet | | | | |"
+            in plain_reading(res)) and "each at its best lr (of" not in "\n".join(plain_reading(res))
     assert "Of 1 distinct deltas:" in "\n".join(count_section(res, []))
     assert res.readers(plan.comparisons[0], plan.comparisons[0].curves[0]) == []  # a grid not run reads nothing
     assert "best lr against best lr for the headline" in " ".join(scope(res, retuned_done(res)))
@@ -286,7 +289,7 @@ def test_the_contrasts_that_pick_each_best_lr_join_the_holm_family(tmp_path):
     of rows already in the basis; unified's is a new vector, so it enters the basis and Holm's count, and the central
     rows' Holm sentence says so."""
     from repro.contrasts import contrasts
-    from repro.reading import family, holm_verdicts, is_pick
+    from repro.reading import family, holm_family, is_pick
     plan, where, grid = dense_plan(tmp_path, BEST_DIFFER, WOBBLE)
     res = Results(plan, where, "wiki")
     picks = res.grid_contrasts(grid)
@@ -300,8 +303,8 @@ def test_the_contrasts_that_pick_each_best_lr_join_the_holm_family(tmp_path):
     assert [r.label for r in c.basis] == [DENSE.label, "each at its best lr (unified 4e-3, baseline 2e-3)",
                                           picks[1].label]
     assert [r.label for r, _ in c.sums] == [picks[0].label]
-    said = holm_verdicts(c)
-    assert said[id(c.basis[0])].endswith("Holm over the 3 basis rows (1 of them an lr-grid pick)")
+    assert holm_family(c) == "the 3 basis rows (1 of them an lr-grid pick)"
+    assert "corrected over the 3 basis rows (1 of them an lr-grid pick)" in "\n".join(plain_reading(res))
 
 
 def test_a_grid_is_read_over_the_lrs_both_designs_have_run(tmp_path):
@@ -342,7 +345,7 @@ def test_a_ladder_says_whether_its_rungs_lead_survives_retuning(tmp_path):
     """The ladder trains at the paper's lr. Where the headline grid shares its rung, the law's sentence adds the rung
     with each design at its best lr, and says when the lead at the paper's lr does not survive there (the multiplier
     may be lr tolerance); a ladder with no such grid adds nothing."""
-    from repro.sections import ladder_at_best_lr
+    from repro.retuning import ladder_at_best_lr
     plan, where, grid = dense_plan(tmp_path / "differ", BEST_DIFFER, WOBBLE)
     res = Results(plan, where, "wiki")
     ladder = plan.comparisons[0]

@@ -138,6 +138,8 @@ def test_the_horizon_section_reads_each_rung(tmp_path):
             f"-0.0400 [{a.lo:+.4f}, {a.hi:+.4f}] to -0.0100 [{b.lo:+.4f}, {b.hi:+.4f}]; the change {d.mean:+.4f} ± "
             f"{d.half:.4f} (Welch, 95 %): **the verdict shrinks (still resolved)**.") in text
     assert (tmp_path / "img" / "fig6-horizon.png").stat().st_size > 1000
+    # the lead inside the longest runs (one evaluation after step 0 here, so every share reads the end)
+    assert "### The lead inside the longest runs" in text and f"| dense (d32 L4) at 105 | {fmt(b, True)} |" in text
     assert [lr_text(x) for x in HORIZON_LRS[3]] == ["2e-3", "4e-3", "8e-3", "1.6e-2"]
     assert min(HORIZON_LRS[10]) == 1e-3 and max(HORIZON_LRS[1]) == 3.2e-2  # unified's edges on the pilot's 4 seeds
 
@@ -168,31 +170,31 @@ def test_a_path_that_moves_both_ways_and_a_wikitext_reversal_are_said(tmp_path):
 
 
 def test_the_plain_reading_opens_with_the_longest_horizon(tmp_path):
-    """The page's first lines: the headline at the longest horizon run, each design at its best lr, with its label,
-    its Holm verdict, its WikiText-2 delta and what the horizon did to it; then v3's central rows, said to be at the
-    proxy's 10.5 tokens per compute parameter."""
-    from repro.reading import plain_reading
+    """The page's first table opens with the headline at the longest horizon run, each design at its best lr, with
+    its label, its Holm verdict and its WikiText-2 delta; a line under the table says what the horizon did to it."""
+    from repro.first_screen import plain_reading
     res, _ = horizon_family(tmp_path, (1, 10))
     lines = plain_reading(res)
-    assert lines[0].startswith("The headline at the longest horizon run")
-    head = lines[2]
-    assert head.startswith("- Dense (d32 L4) unified vs baseline at 105 tokens per compute parameter, each at its best "
-                           "lr (of 2e-3, 4e-3: unified 2e-3, baseline 2e-3): -0.0100 [")
-    assert "**right sign, smaller**; survives Holm over the " in head and "; on WikiText-2 -0.0100 [" in head
-    assert "Both designs' best lr is the grid's smallest (2e-3)" in head and "**the verdict shrinks (still " in head
-    assert lines[4] == ("The paper's central claims at the proxy's 10.5 tokens per compute parameter, each one row of "
-                        "the tables below, each design at its best lr where an lr grid measures it:")
+    assert lines[0].startswith("The claims the page leads with, one row each: the headline at the longest horizon run")
+    head = lines[4]
+    assert head.startswith("| Dense (d32 L4) at 105 tokens per compute parameter, each at its best lr | 3 | no pilot yet "
+                           "| -0.0100 [")
+    assert "| -0.0302 | right sign, smaller (0.33×) | survives | -0.0100 [" in head
+    said = next(x for x in lines if x.startswith("- Dense (d32 L4), best lrs of 2e-3, 4e-3: unified 2e-3, baseline "
+                                                 "2e-3. "))
+    assert ("From 10.5 to 105 tokens per compute parameter, **the verdict shrinks (still resolved)** (-0.0400 to "
+            "-0.0100).") in said and "Both designs' best lr is the grid's smallest (2e-3)" in said
 
 
 def test_a_horizon_headline_short_of_power_is_named_as_not_done(tmp_path, monkeypatch):
-    """The longest rung's best-vs-best row is a claim of the first screen: with the seeds' deltas spread by 0.002 its
-    MDE is under the paper's |Δ| and it is powered; spread by 0.05 it is not, and the list of what is not done names
-    it first."""
+    """The longest rung's best-vs-best row is a claim of the first screen, and the pilot rule says when it has its
+    seeds: with 3 seeds it has no pilot (4), so it is short however small its MDE (spread 0.002: under the paper's
+    |Δ|), and the list of what is not done names it first."""
     from repro import reading
     res, _ = horizon_family(tmp_path / "tight", (1, 10))
     (name, row), = reading.horizon_heads(res)
     assert name == "Dense (d32 L4) at 105 tokens per compute parameter, each at its best lr" and row.delta.n == 3
-    assert row.delta.mde < 0.0302 and name not in reading.short_of_power(res)
+    assert row.delta.mde < 0.0302 and reading.row_plan(res, row) is None and reading.short_of_power(res)[0] == name
     monkeypatch.setattr(sys.modules[__name__], "NOISE", (0.0, 0.05, -0.05))
     res, _ = horizon_family(tmp_path / "loose", (1, 10))
     (_, row), = reading.horizon_heads(res)

@@ -109,7 +109,7 @@ def test_page_numbers_come_from_the_runs(miniature):
                   "Fig. 7's headline rung (d64 L2 E8), unified vs baseline"):
         assert f"### {title}" in text
     assert "Not run yet" not in text and text.count("**the lead") + text.count("**no lead") \
-        + text.count("**a lead") + text.count("**retuning moved") >= 3  # Fig. 1's and the headline grids' sentences
+        + text.count("**a lead") + text.count("**retuning moved") + text.count("**unresolved**") >= 3  # the grids' own
     # Fig. 9's dense delta, recomputed from the two runs of each seed: mean, 95 % interval, paper, ratio, MDE.
     deltas = [load_run(runs / f"fig9-0.12b_unified-tiny-s{s}").final_val_loss
               - load_run(runs / f"fig9-0.12b_baseline-tiny-s{s}").final_val_loss for s in range(SEEDS)]
@@ -149,7 +149,7 @@ def test_page_reads_first_and_counts_over_independent_rows(miniature):
     text = page.read_text()
     plain, proxy_at, count_at = (text.index(h) for h in ("## The reading in plain words", "## The proxy",
                                                           "## The count"))
-    assert plain < proxy_at < count_at and "|---" not in text[:proxy_at]  # no table before the plain reading
+    assert plain < proxy_at < count_at and "|---" not in text[:plain]  # no table before the plain reading
     # The proxy's eval set is the training mixture (configs/proxy/tiny.yaml): the page says what each evaluation read,
     # from the runs' records (this corpus names no sources; tests/test_results_sources.py has one that does).
     read = load_run(runs / "fig5-baseline-tiny-s0").final_eval["val_tokens"]
@@ -162,7 +162,7 @@ def test_page_reads_first_and_counts_over_independent_rows(miniature):
             in text[:plain])
     # both stay listed: the central claims are short of power, and the grids have run at 2 seeds of the 4 that
     # retuning asks for
-    assert "the count below gives the seeds each would need" in text[:plain] \
+    assert "the first table gives each its seeds and the rule's n" in text[:plain] \
         and "best lr against best lr for the headline." in text[:plain]
     # Rows that are sums of others (the same plan as the page's): stated, and left out of the tests.
     independent, counted, distinct, picks, sums = (int(x or 0) for x in re.search(
@@ -180,9 +180,11 @@ def test_page_reads_first_and_counts_over_independent_rows(miniature):
                 "− *Fig. 5, reparameterization: hg_dnp_or* + "
                 "*Fig. 6, unified vs baseline over a ladder of dense proxy sizes: d64 L4*"):
         assert row in text
-    claims = [line for line in text[:text.index("The count", plain)].splitlines()
-              if line.startswith("- ") and not line.startswith("- **") and "against the paper's" in line]
-    assert len(claims) >= 7 and all(" Holm over the " in line for line in claims)  # each claim, its Holm verdict
+    # the first screen: one table row per claim, each with its seeds, the rule's n and its Holm verdict
+    screen = text[plain:proxy_at].split("| claim | seeds | the rule's n |")[1].split("\n\n")[0]
+    claims = [line.split(" | ") for line in screen.strip().splitlines()[2:]]  # past the head and its rule
+    assert len(claims) >= 7 and all(c[6] in ("survives", "no", "–") for c in claims)
+    assert all(c[1].isdigit() and (c[2].isdigit() or c[2] == "no pilot yet") for c in claims)
     table = text.split("| row | Δ val [95 % CI] | p | resolved | Holm 5 % | BH 5 % |")[1].split("\n\n")[0]
     cells = [line.split(" | ") for line in table.strip().splitlines()[1:]]
     assert len(cells) == independent
@@ -337,8 +339,9 @@ def test_a_compact_archive_gives_the_same_page_and_continues_a_study(miniature, 
 
 
 def test_the_page_names_the_runs_its_cpu_ledger_never_saw(miniature, tmp_path, figures_not_drawn):
-    """The CPU-hours are the ledger's seconds of the page's own runs; a run without an entry (trained before the
-    ledger, or by hand) is named, so the total is never read as every run's cost."""
+    """The CPU-hours are the ledger's, split: the page's own runs (new here: none is v3's, whose archive the
+    miniature's ledger does not descend from) and the entries of runs it does not read (discarded); a run without an
+    entry (trained before the ledger, or by hand) is named, so no total is read as every run's cost."""
     import json, shutil
     argv, runs, page, out = miniature
     copy, mine = tmp_path / "runs", tmp_path / "results.md"
@@ -351,9 +354,12 @@ def test_the_page_names_the_runs_its_cpu_ledger_never_saw(miniature, tmp_path, f
     assert results.main(["--seeds", str(SEEDS), "--out-dir", str(copy), "--page", str(mine), "--page-only",
                          *argv[argv.index("--lrs"):]]) == 0
     text = mine.read_text()
-    assert f"**{len(names) - 1:.2f} CPU-hours**" in text
+    assert f"**{len(names) + 1:.2f} CPU-hours**" in text
+    assert f"No run is reused unchanged from v3's archive; {len(names) - 1:.2f} to the {len(names) - 1} runs " \
+           "trained for this page." in text
+    assert "2.00 went to runs discarded: 2.00 to 1 runs this page does not read." in text
     assert f"1 run ({names[0]}) has no entry in the ledger, so its time is not in it" in text
-    assert "have no entry" not in page.read_text()  # the miniature's own ledger has every run
+    assert "no entry in the ledger" not in page.read_text()  # the miniature's own ledger has every run
 
 
 def test_launch_reports_the_exit_code_and_the_cpu_time_of_its_process(tmp_path, monkeypatch):

@@ -15,7 +15,8 @@ from repro.comparisons import Comparison, Curve, Plan, fig1_grid
 from repro.laws import PowerLaw, Rung, crossing, ladder_law, log_multiplier_at
 from repro.contrasts import combination_text, contrasts
 from repro.measure import Results
-from repro.reading import CENTRAL, count_section, count_sentence, plain_reading, short_of_power, versus_past
+from repro.first_screen import plain_reading
+from repro.reading import CENTRAL, count_section, count_sentence, short_of_power, versus_past
 from repro.sections import delta_cells, law_lines, lr_grid_section, panel_section
 from repro.significance import benjamini_hochberg, betainc, holm, mde_at, p_value, seeds_for, t_cdf, t_two_sided
 from repro.stats import T80, T975, Stat, far, stat, t975, verdict, verdict_class
@@ -216,7 +217,8 @@ def test_distinct_best_lrs_are_their_own_row_and_curves_are_paired(tmp_path):
     text = "\n".join(lr_grid_section(res, plan.comparisons[0], tmp_path / "img"))
     assert ("without − with: +0.0300 [+0.0300, +0.0300] at the same lr (4e-3), -0.0500 [-0.0500, -0.0500] with each "
             "at its best lr (none 8e-3, baseline 4e-3; each paired by seed): baseline leads at the same lr and none "
-            "with each at its best, both resolved: **the lead reverses under lr retuning**.") in text
+            "with each at its best, both resolved; retuning changes it by -0.0800 [-0.0800, -0.0800], resolved: "
+            "**the lead reverses under lr retuning**.") in text
 
 
 def test_v1_deltas_persist_or_fade(tmp_path):
@@ -238,9 +240,9 @@ def test_runs_on_the_training_mixture_are_read_against_v2(tmp_path):
         (run / "config.yaml").write_text(cfg.to_yaml())
     res = Results(plan, where, "wiki")
     text = "\n".join(versus_past(res))
-    # Fig. 1's best-vs-best row is its same-lr row (both best at 4e-3), with no spread over seeds (MDE 0): powered;
-    # so is the Muon panel, whose row reads the same runs; the five other central claims have no rows here.
-    assert short_of_power(res) == [name for name, _, _ in CENTRAL if not name.startswith(("Fig. 1", "Muon, dense"))]
+    # Fig. 1's best-vs-best row (its same-lr row, both best at 4e-3) and the Muon panel (the same runs) have no spread
+    # over seeds (MDE 0), but 3 seeds are short of a pilot's 4: the rule has no n for them, so every claim is short.
+    assert short_of_power(res) == [name for name, _, _ in CENTRAL]
     assert text.startswith("### v3 against v2") and "Shakespeare alone" in text
     # v2's same-lr delta was +0.0435 [+0.0017, +0.0852], resolved; here +0.0300, resolved with the same sign.
     assert "- **persist** (resolved in both with the same sign): Fig. 1, grid: same lr (4e-3) (+0.0435 → +0.0300)" \
@@ -409,18 +411,19 @@ def test_stat_of_values():
 
 
 def test_wikitext_beside_a_central_row_and_every_resolved_flip_named():
-    """The reading gives each central row's WikiText-2 delta and names a delta whose sign flips there, resolved both
-    ways; an unresolved flip or a kept sign is no flip."""
+    """The first screen's table gives each claim's WikiText-2 delta and marks one whose sign flips there, resolved
+    both ways; an unresolved flip or a kept sign is no flip."""
     from types import SimpleNamespace
 
-    from repro.reading import sign_flips, wiki_text
+    from repro.first_screen import wiki_cell
+    from repro.reading import sign_flips
     up, down, unsure = Stat(+0.04, 0.01, 6), Stat(-0.10, 0.02, 6), Stat(-0.01, 0.05, 6)
     flip = SimpleNamespace(title="flips", delta=up, wiki=down)
     kept = SimpleNamespace(title="kept", delta=up, wiki=Stat(+0.05, 0.01, 6))
     open_ = SimpleNamespace(title="open", delta=up, wiki=unsure)
-    assert wiki_text(flip) == "; on WikiText-2 -0.1000 [-0.1210, -0.0790], **the sign flips, resolved both ways**"
-    assert wiki_text(open_).startswith("; on WikiText-2 -0.0100 [") and "flips" not in wiki_text(open_)
-    assert wiki_text(SimpleNamespace(title="none", delta=up, wiki=None)) == ""
+    assert wiki_cell(flip) == "-0.1000 [-0.1210, -0.0790], flips"
+    assert wiki_cell(open_).startswith("-0.0100 [") and "flips" not in wiki_cell(open_)
+    assert wiki_cell(SimpleNamespace(title="none", delta=up, wiki=None)) == "–"
     assert sign_flips([flip, kept, open_]) == [flip]
 
 
@@ -452,9 +455,10 @@ def test_a_central_row_says_whether_it_survives_holm():
     from types import SimpleNamespace
 
     from repro.contrasts import Contrasts
-    from repro.reading import holm_verdicts
+    from repro.reading import holm_family, survives_holm
     strong, weak, null = (SimpleNamespace(delta=Stat(m, 0.01, 8), label="") for m in (-0.05, -0.009, 0.0))
     assert strong.delta.resolved and weak.delta.resolved and not null.delta.resolved
-    said = holm_verdicts(Contrasts(basis=[strong, weak, null], sums=[]))
-    assert said[id(strong)] == "; survives Holm over the 3 basis rows"
-    assert said[id(weak)] == "; does not survive Holm over the 3 basis rows"
+    c = Contrasts(basis=[strong, weak, null], sums=[])
+    kept = survives_holm(c)
+    assert kept[id(strong)] is True and kept[id(weak)] is False and kept[id(null)] is False
+    assert holm_family(c) == "the 3 basis rows"
