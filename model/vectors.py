@@ -94,11 +94,11 @@ class ScaleVector(nn.Module):
     @torch.no_grad()
     def magnitude(self) -> torch.Tensor:
         """The vector's scale apart from its direction, (1,) or (count, 1): OR's β, signed (γ = β·Norm(α)); ER's e^β;
-        direct, the RMS of γ (no sign of its own); 1 for a vector without one. Telemetry reads it: under DNP an
-        input-side vector's magnitude meets a Norm and gets no gradient but weight decay's (docs/paper.md §1.7)."""
+        direct, the RMS of γ (no sign of its own). Telemetry reads it: under DNP an input-side vector's magnitude
+        meets a Norm and gets no gradient but weight decay's (docs/paper.md §1.7). A vector built without one
+        (`has_magnitude` false) has none to read."""
         if not self.has_magnitude:
-            lead = () if self.count is None else (self.count,)
-            return torch.ones(*lead, 1)
+            raise ValueError(f"this vector ({self.extra_repr()}) has no magnitude: it is Norm(α) or e^(α − mean α)")
         if self.reparam == "or":
             return self.part("beta").detach().clone()
         if self.reparam == "er":

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 SCALE_ROLES = frozenset({Role.SCALE_INPUT.value, Role.SCALE_OUTPUT.value})
 # Muon takes the 2-D weights inside the blocks and the MoE's stacked 3-D expert weights, orthogonalized per expert;
 # the router too unless optim.muon.router is false; embeddings, the LM head and every scale vector stay on AdamW
-# (docs/paper.md §3.2). Roles compare as strings (Role is a str Enum), so a role the model adds later needs no change here.
+# (docs/paper.md §3.2). Roles compare as strings (Role is a str Enum), so a role the model adds later needs no
+# change here.
 MUON_ROLES = frozenset({Role.MATRIX.value, "expert_matrix"})
 ROUTER_ROLE = Role.ROUTER.value  # on Muon too under optim.muon.router (the paper's "2D matrices inside layers")
 
@@ -95,9 +96,9 @@ def param_groups(
     muon_shapes: list[tuple[int, ...]] = []
     masks: list[torch.Tensor] = []  # parallel to buckets["adamw/decay_masked"]: 1 where the entry decays
     spared = {} if cfg.scale_wd_invariant else dict(invariant or {})
+    muon_roles = MUON_ROLES | ({ROUTER_ROLE} if cfg.muon.router else set())
     for name, p in params:
         role = roles[name]
-        muon_roles = MUON_ROLES | ({ROUTER_ROLE} if cfg.muon.router else set())
         if cfg.name == "muon" and role_value(role) in muon_roles:
             if p.ndim < 2:
                 raise ValueError(f"{name}: role {role_value(role)} goes to Muon but has shape {tuple(p.shape)}")

@@ -22,7 +22,6 @@ from model.llama import Llama
 from model.scaling import ExpertBranch, Norm, ScaledLinear
 
 
-
 def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
@@ -40,7 +39,7 @@ def scale_telemetry(model: Llama) -> dict[str, float]:
     magnitudes: dict[str, float] = {}
     for name, sv in model.scale_vectors():
         gamma = _full(sv()).float().flatten()  # effective γ, whatever the parameterization; (E, F) stacks flat
-        layer, site = _where(name.rsplit(".", 1)[0])  # the vector's module: `layers.3.attn.q_proj.in_scale` → q_proj
+        layer, site = _where(name.rsplit(".", 1)[0])  # `layers.3.attn.q_proj.in_scale` → (L3, attn.q_proj)
         groups[f"scale/{sv.role.value}/{layer}"].append(gamma)
         if sv.role == Role.SCALE_INPUT and sv.has_magnitude:  # → magnitude/L3/attn.q_proj
             magnitudes[f"magnitude/{layer}/{site}"] = _full(sv.magnitude()).float().mean().item()
