@@ -7,7 +7,8 @@ undecayed (optim.scale_wd_invariant=false) (repro/comparisons.py, COLLAPSE_ROWS 
     python -m repro.collapse docs/results_runs_v5.jsonl.gz --seeds 4   # a compact archive of them (repro/runner.py)
 
 Per row and arm: the runs found, how many collapsed (some inner Norm's headroom, input mean square / eps at an
-evaluation, fell below the run's log.headroom_warn), the smallest headroom and input-side magnitude any run reached,
+evaluation, fell below the run's log.headroom_warn), the smallest headroom and the smallest magnitude of a vector
+only an inner Norm reads that any run reached,
 the final val loss and WikiText-2 loss, and each arm's paired difference to the literal arm over the seeds both have
 (mean [95 % interval]).
 """
@@ -37,14 +38,29 @@ class Arm:
     def collapsed(self) -> int:
         return sum(_collapsed(r) for r in self.runs.values())
 
-    def smallest(self, prefix: str) -> Optional[float]:
-        """The smallest |value| of any `prefix` key (headroom/, magnitude/) at any evaluation of any seed."""
+    def smallest_headroom(self) -> Optional[float]:
+        """The smallest headroom of any inner Norm at any evaluation of any seed."""
+        values = [v for r in self.runs.values() for e in r.evals for k, v in e.items()
+                  if k.startswith("headroom/") and v is not None]
+        return min(values) if values else None
+
+    def smallest_magnitude(self) -> Optional[float]:
+        """The smallest |magnitude| of any input-side vector that only an inner Norm reads, at any evaluation of any
+        seed: a site with a headroom key of its own (the final norm's: the LM head's). The MoE router's vector is
+        read directly, so its magnitude is left out."""
         values = [abs(v) for r in self.runs.values() for e in r.evals for k, v in e.items()
-                  if k.startswith(prefix) and v is not None]
+                  if k.startswith("magnitude/") and v is not None and _norm_read(k, e)]
         return min(values) if values else None
 
     def final(self, key: str) -> dict[int, float]:
         return {s: r.final_eval[key] for s, r in self.runs.items() if r.final_eval and key in r.final_eval}
+
+
+def _norm_read(key: str, record: dict) -> bool:
+    """Whether magnitude/<layer>/<site> feeds an inner Norm: the record has that site's headroom (HG designs, whose
+    every input-side vector is its branch's own; the final norm feeds the LM head's)."""
+    _, layer, site = key.split("/", 2)
+    return f"headroom/{layer}/{'lm_head' if (layer, site) == ('head', 'norm') else site}" in record
 
 
 def _collapsed(run: Run) -> bool:
@@ -78,7 +94,7 @@ def table(comp: Comparison, arms: list[Arm]) -> str:
              "| arm | runs | collapsed | smallest headroom | smallest magnitude | val loss | Δ val vs literal | "
              "WikiText-2 | Δ WikiText-2 |", "|---|---|---|---|---|---|---|---|---|"]
     for arm in arms:
-        h, m = arm.smallest("headroom/"), arm.smallest("magnitude/")
+        h, m = arm.smallest_headroom(), arm.smallest_magnitude()
         val, wiki = arm.final("val_loss"), arm.final(WIKI)
         delta = "" if arm is ref else fmt(paired(val, ref.final("val_loss")), sign=True)
         dwiki = "" if arm is ref else fmt(paired(wiki, ref.final(WIKI)), sign=True)

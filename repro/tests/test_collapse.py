@@ -28,6 +28,7 @@ def fake_run(path: Path, final: float, headroom: float, magnitude) -> None:
                collapse.WIKI: final + 0.5, "headroom/L0/attn.q_proj": h, "headroom/head/lm_head": 2000.0}
         if magnitude is not None:
             rec["magnitude/L0/attn.q_proj"] = 1.0 if step == 0 else magnitude
+        rec["magnitude/L0/mlp.router"] = 1e-9  # read directly by the router, not by a Norm: left out
         recs.append(rec)
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
 
