@@ -106,6 +106,12 @@ class Run:
         return min(found, key=lambda h: h.value) if found else None
 
     @property
+    def stopped_normalizing(self) -> bool:
+        """Whether some inner Norm's headroom fell below the run's log.headroom_warn: a branch switched off."""
+        low = self.lowest_headroom
+        return low is not None and not low.value >= self.cfg.log.headroom_warn
+
+    @property
     def strategy(self) -> str:
         return strategy_name(self.cfg)
 

@@ -36,7 +36,7 @@ class Arm:
     runs: dict[int, Run]
 
     def collapsed(self) -> int:
-        return sum(_collapsed(r) for r in self.runs.values())
+        return sum(r.stopped_normalizing for r in self.runs.values())
 
     def smallest_headroom(self) -> Optional[float]:
         """The smallest headroom of any inner Norm at any evaluation of any seed."""
@@ -61,11 +61,6 @@ def _norm_read(key: str, record: dict) -> bool:
     every input-side vector is its branch's own; the final norm feeds the LM head's)."""
     _, layer, site = key.split("/", 2)
     return f"headroom/{layer}/{'lm_head' if (layer, site) == ('head', 'norm') else site}" in record
-
-
-def _collapsed(run: Run) -> bool:
-    low = run.lowest_headroom
-    return low is not None and not low.value >= run.cfg.log.headroom_warn
 
 
 def arms_of(comp: Comparison, where: dict[tuple[str, int], Path], seeds: int) -> list[Arm]:

@@ -28,7 +28,7 @@ def table(runs: list[Run]) -> str:
         loss = f"{r.final_val_loss:.4f}" if r.final_val_loss is not None else "-"
         low = r.lowest_headroom
         mark = "  ← best" if r is best else ("" if r.finished else "  (unfinished)")
-        if low is not None and not low.value >= r.cfg.log.headroom_warn:
+        if r.stopped_normalizing:
             mark += f"  ← {low.site} stopped normalizing at step {low.step}"
         lines.append(f"{r.path.name:<{width}}{r.strategy:<12}{r.cfg.optim.name:<7}{r.cfg.optim.lr:>9.2e}"
                      f"{f'{step}/{r.cfg.train.steps}':>15}{r.final_tokens:>16,}{loss:>10}"

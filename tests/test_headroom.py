@@ -150,8 +150,9 @@ def test_the_watch_warns_once_per_site_naming_the_worst():
 
 
 def _collapse_run(data_dir, tmp_path, name, *extra):
-    """120 steps at a constant lr 2e-2 with weight decay 10: decay walks every input-side β toward 0 within tens of
-    steps (β ~ 1e-12 at step 100 in the literal form, on every seed tried), far faster than the paper's recipe."""
+    """120 steps at a constant lr 2e-2 with weight decay 10, far faster than the paper's recipe: decay walks the
+    input-side β toward 0 within tens of steps. Over 200 such steps (batch 8), seeds 0–2 ended with a smallest
+    headroom of 4e-26 to 2e-23 in the literal form and 1e3 without the magnitudes."""
     argv = args_for(data_dir, tmp_path, name, "train.steps=120", "train.eval_every=20", "train.global_batch=4",
                     "train.micro_batch=4", "optim.lr=2e-2", "optim.weight_decay=10", "schedule.min_lr_ratio=1",
                     "log.every=60", *extra)
