@@ -5,6 +5,8 @@ undecayed (optim.scale_wd_invariant=false) (repro/comparisons.py, COLLAPSE_ROWS 
     python -m repro.collapse runs/v5 --seeds 4                 # every row of COLLAPSE_ROWS with runs in runs/v5
     python -m repro.collapse runs/v5 --seeds 4 --rows 0,2      # rows by index
     python -m repro.collapse docs/results_runs_v5.jsonl.gz --seeds 4   # a compact archive of them (repro/runner.py)
+    python -m repro.collapse docs/results_runs_v5.jsonl.gz --seeds 4 --page docs/collapse.md \
+        --ladder docs/results_runs_v4.jsonl.gz                          # the page (repro/collapse_page.py)
 
 Per row and arm: the runs found, how many collapsed (some inner Norm's headroom, input mean square / eps at an
 evaluation, fell below the run's log.headroom_warn), the smallest headroom and the smallest magnitude of a vector
@@ -49,14 +51,14 @@ class Arm:
         seed: a site with a headroom key of its own (the final norm's: the LM head's). The MoE router's vector is
         read directly, so its magnitude is left out."""
         values = [abs(v) for r in self.runs.values() for e in r.evals for k, v in e.items()
-                  if k.startswith("magnitude/") and v is not None and _norm_read(k, e)]
+                  if k.startswith("magnitude/") and v is not None and norm_read(k, e)]
         return min(values) if values else None
 
     def final(self, key: str) -> dict[int, float]:
         return {s: r.final_eval[key] for s, r in self.runs.items() if r.final_eval and key in r.final_eval}
 
 
-def _norm_read(key: str, record: dict) -> bool:
+def norm_read(key: str, record: dict) -> bool:
     """Whether magnitude/<layer>/<site> feeds an inner Norm: the record has that site's headroom (HG designs, whose
     every input-side vector is its branch's own; the final norm feeds the LM head's)."""
     _, layer, site = key.split("/", 2)

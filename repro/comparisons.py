@@ -223,27 +223,37 @@ def magnitudes_ab(horizon: int, lr: float, shape: Shape) -> Comparison:
 # Issue 52's A/B: where the literal form's magnitudes collapsed in results v4 (β below 1e-3 in some runs), unified
 # as the paper reads it, without those magnitudes (model.scale.invariant_magnitude=remove), and with them undecayed
 # (optim.scale_wd_invariant=false). The literal arm is the horizon rung's own experiment; rerun in a fresh out-dir,
-# it logs each inner Norm's headroom, which v4's runs predate. Not yet on the page: its runs come first.
+# it logs each inner Norm's headroom, which v4's runs predate. The last row is the d64 L4 headline at the paper's lr
+# (Fig. 6's rung, whose v3 runs predate the telemetry too). Not yet on the page: its runs come first.
 COLLAPSE_ROWS = ((10, 4e-3, "dense"), (3, 4e-3, "dense"), (1, 8e-3, "moe"), (10, 8e-3, "dense"), (3, 8e-3, "dense"),
-                 (10, 4e-3, "moe"))
+                 (10, 4e-3, "moe"), (1, 4e-3, "headline"))
 
 
 def collapse_ab(horizon: int, lr: float, kind: str) -> Comparison:
-    """unified at `horizon` × the proxy's tokens and `lr` on the horizon's dense or MoE shape: literal, the
-    magnitudes only a Norm reads removed, and those magnitudes undecayed."""
-    figure, run, shape = ("6", "0.12b", HORIZON_DENSE) if kind == "dense" else ("7", "0.5b", HORIZON_MOE)
-    _, uni = pair(figure, run, None, shape)
+    """unified at `horizon` × the proxy's tokens and `lr` on the horizon's dense or MoE shape, or on the d64 L4
+    headline ("headline": the ladder rung's own run, at the preset's lr): literal, the magnitudes only a Norm reads
+    removed, and those magnitudes undecayed."""
     lr_t = lr_text(lr)
-    compiled = kind == "dense" or horizon == max(HORIZONS)  # as horizon_rung's runs
-    literal = Curve("unified, literal", figure, uni.run, (f"optim.lr={lr_t}",), f"{uni.suffix}-x{horizon}-lr{lr_t}",
-                    shape=shape, horizon=horizon, defaults=("train.compile=true",) if compiled else ())
+    if kind == "headline":
+        _, uni = pair("6", "0.12b", None, DENSE)
+        preset_lr = lr_text(load_config(FIGURES["6"].config(uni.run)).optim.lr)
+        if (horizon, lr_t) != (1, preset_lr):
+            raise ValueError(f"the headline row runs at 1 × and the preset's lr {preset_lr}, not {horizon} × {lr_t}")
+        figure, shape, literal = "6", DENSE, replace(uni, label="unified, literal")
+    else:
+        figure, run, shape = ("6", "0.12b", HORIZON_DENSE) if kind == "dense" else ("7", "0.5b", HORIZON_MOE)
+        _, uni = pair(figure, run, None, shape)
+        compiled = kind == "dense" or horizon == max(HORIZONS)  # as horizon_rung's runs
+        literal = Curve("unified, literal", figure, uni.run, (f"optim.lr={lr_t}",), f"{uni.suffix}-x{horizon}-lr{lr_t}",
+                        shape=shape, horizon=horizon, defaults=("train.compile=true",) if compiled else ())
     removed = replace(literal, label="unified, magnitudes removed",
                       overrides=literal.overrides + ("model.scale.invariant_magnitude=remove",),
                       suffix=literal.suffix + "-removed")
     spared = replace(literal, label="unified, those β undecayed",
                      overrides=literal.overrides + ("optim.scale_wd_invariant=false",), suffix=literal.suffix + "-spared")
-    return Comparison(f"fig{figure}-collapse_x{horizon}_lr{lr_t}",
-                      f"The magnitudes only a Norm reads, {kind} ({shape.label}) at {horizon} × the proxy's tokens, "
+    name = "MoE" if kind == "moe" else "dense"
+    return Comparison(f"fig{figure}-collapse_x{horizon}_lr{lr_t}" + ("_headline" if kind == "headline" else ""),
+                      f"The magnitudes only a Norm reads, {name} ({shape.label}) at {horizon} × the proxy's tokens, "
                       f"unified at lr {lr_t}", "docs/paper.md §1.7 (no paper value)", (literal, removed, spared))
 
 

@@ -1,0 +1,173 @@
+"""docs/collapse.md: issue 52's page, written from its runs (repro/collapse.py's A/B, repro/headroom_risk.py's first
+steps) and results v4's archive (the horizon rungs' lr curves, the ladder).
+
+    python -m repro.collapse_page docs/results_runs_v5.jsonl.gz docs/results_runs_v4.jsonl.gz --seeds 4
+    python -m repro.collapse_page runs/v5 docs/results_runs_v4.jsonl.gz --seeds 4 --page /tmp/collapse.md
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from repro.collapse import arms_of, table
+from repro.comparisons import COLLAPSE_ROWS, Plan, collapse_ab, default_comparisons, lr_text
+from repro.headroom_risk import (FIRST_BATCH, FIRST_LR, FIRST_RUNGS, FIRST_SEQ, FIRST_STEPS, PAPER_CONFIG, calibrate,
+                                 early, early_table, first_steps_argv, ladder, ladder_table, lr_sums)
+from repro.runner import is_compact, plan_runs, unpack
+from runs import Run, load_run
+from config import load_config
+
+
+@dataclass(frozen=True)
+class LrPoint:
+    lr: str
+    seeds: int  # the seeds every run of the curve has
+    baseline: Optional[float]  # mean final val loss over the seeds every column has
+    literal: Optional[float]
+    removed: Optional[float]
+
+
+def horizon_key(horizon: int, kind: str) -> str:
+    return f"fig{'6' if kind == 'dense' else '7'}-horizon_x{horizon}"
+
+
+def lr_curve(horizon: int, kind: str, ab_dir: Path, ladder_dir: Path, seeds: int) -> list[LrPoint]:
+    """One horizon's lr curve: baseline and literal unified from the horizon rung's runs (results v4), the removed
+    form where the A/B ran it; means over the seeds that every run of the curve has."""
+    # The ladder comes first in the plan: a rung's run at the preset's lr is the ladder's run, in its directory.
+    comps = {c.key: c for c in default_comparisons(Plan(1).lrs)}
+    rung = comps[horizon_key(horizon, kind)]
+    ladder_key = "fig6-ladder" if kind == "dense" else "fig7-ladder"
+    _, where_v4 = plan_runs(Plan(seeds, comparisons=[comps[ladder_key], rung]), str(ladder_dir))
+    comps = {lr_text(r[1]): collapse_ab(*r) for r in COLLAPSE_ROWS if (r[0], r[2]) == (horizon, kind)}
+    _, where_ab = plan_runs(Plan(seeds, comparisons=list(comps.values())), str(ab_dir)) if comps else (None, {})
+    cols = []
+    for lr in rung.grid.lrs:
+        base = {s: final(where_v4[(f"{rung.key}/baseline lr {lr}", s)]) for s in range(seeds)}
+        lit = {s: final(where_v4[(f"{rung.key}/unified lr {lr}", s)]) for s in range(seeds)}
+        rem = ({s: final(where_ab[(f"{comps[lr].key}/unified, magnitudes removed", s)]) for s in range(seeds)}
+               if lr in comps else None)
+        cols.append((lr, base, lit, rem))
+    # One seed set for the whole curve, so that its rows compare: the seeds every run of it has.
+    # A grid lr none of whose runs are there (not in this archive) is a row of dashes.
+    ran = [row for row in cols if any(v is not None for c in row[1:] if c is not None for v in c.values())]
+    common = [s for s in range(seeds) if all(c[s] is not None for row in ran for c in row[1:] if c is not None)]
+
+    def mean(col: Optional[dict]) -> Optional[float]:
+        return statistics.mean(col[s] for s in common) if col is not None and common else None
+    return [LrPoint(lr, len(common), mean(base), mean(lit), mean(rem)) if (lr, base, lit, rem) in ran
+            else LrPoint(lr, 0, None, None, None) for lr, base, lit, rem in cols]
+
+
+def final(path: Path) -> Optional[float]:
+    """A run's final val loss (None: not there, or not finished)."""
+    if not (path / "config.yaml").exists():
+        return None
+    run = load_run(path)
+    return run.final_val_loss if run.finished else None
+
+
+def lr_table(points: list[LrPoint]) -> list[str]:
+    def cell(v: Optional[float], best: Optional[float]) -> str:
+        return "–" if v is None else (f"**{v:.4f}**" if v == best else f"{v:.4f}")
+    best = {c: min((getattr(p, c) for p in points if getattr(p, c) is not None), default=None)
+            for c in ("baseline", "literal", "removed")}
+    lines = ["| lr | seeds | baseline | unified, literal | unified, magnitudes removed |", "|---|---|---|---|---|"]
+    lines += [f"| {p.lr} | {p.seeds} | {cell(p.baseline, best['baseline'])} | {cell(p.literal, best['literal'])} | "
+              f"{cell(p.removed, best['removed'])} |" for p in points]
+    return lines
+
+
+def write_page(page: Path, ab_dir: Path, ladder_dir: Path, seeds: int, rebuild: str) -> None:
+    """The page from the A/B's runs and the first steps (`ab_dir`) and results v4's runs (`ladder_dir`)."""
+    reading: list[str] = []
+    comps = [collapse_ab(*r) for r in COLLAPSE_ROWS]
+    _, where = plan_runs(Plan(seeds, comparisons=comps), str(ab_dir))
+    ab = []
+    for comp in comps:
+        arms = arms_of(comp, where, seeds)
+        if any(a.runs for a in arms):
+            ab += [table(comp, arms), ""]
+    curves = []
+    for kind, hs in (("dense", (3, 10)), ("moe", (1, 10))):
+        for h in hs:
+            curves += [f"**{'Dense d32 L4' if kind == 'dense' else 'MoE d32 L2 E8'}, {h} × the proxy's tokens** "
+                       f"(mean final val loss over seeds 0–{seeds - 1}; bold: the column's best)", "",
+                       *lr_table(lr_curve(h, kind, ab_dir, ladder_dir, seeds)), ""]
+    ladder_runs = [load_run(p.parent) for d in (ladder_dir, ab_dir) for p in sorted(d.glob("*/config.yaml"))]
+    groups = ladder(list({r.path.name: r for r in ladder_runs}.values()))
+    rows = [early(load_run(ab_dir / n)) for n in (first_steps_argv(r, ab_dir)[0] for r in (*FIRST_RUNGS, None))
+            if (ab_dir / n / "config.yaml").exists()]
+    paper_sum = lr_sums(load_config(PAPER_CONFIG))[-1]
+    text = [
+        "# Every branch stays on: the magnitudes only a Norm reads",
+        "",
+        f"<!-- Written by `{rebuild}`; edit repro/collapse_page.py and repro/collapse.py, not this file. -->",
+        "",
+        *reading,
+        "",
+        "## The A/B",
+        "",
+        "Unified (HG + DNP + OR + IWD) on the CPU proxy, where results v4's runs collapsed. Three arms: as the paper "
+        "reads (literal), without the magnitudes only a Norm reads (`model.scale.invariant_magnitude=remove`), and "
+        "with those magnitudes undecayed (`optim.scale_wd_invariant=false`). A run collapsed when some inner Norm's "
+        "headroom (input mean square / eps) fell below 1 at an evaluation. Δ is paired by seed (mean [95 % interval]).",
+        "",
+        *ab,
+        "## Each horizon's lr curve",
+        "",
+        "Baseline and literal unified are the horizon rungs of results v4 (docs/results.md, The horizon); the removed "
+        "form ran where the A/B did.",
+        "",
+        *curves,
+        "## The paper-scale risk",
+        "",
+        "The ladder: each literal unified run's Σlr (its schedule's lr summed over its steps) at its first evaluation "
+        "with some headroom below 1. Runs that predate the headroom telemetry show only their smallest |β|.",
+        "",
+        ladder_table(groups),
+        "",
+        f"The first steps: each rung and the real `configs/dense_0.12b_unified.yaml`, {FIRST_STEPS} steps at a "
+        f"constant lr {FIRST_LR:g}, {FIRST_BATCH} × {FIRST_SEQ} tokens a step, literal form, fp32 "
+        "(`python -m repro.headroom_risk --first-steps DIR --train`). The fastest β per Σlr is the largest |Δβ| over "
+        "those steps over their Σlr; the branch growth is the median headroom / β² at the end over its value at "
+        "init; β* = 1 / sqrt(headroom at init × growth) is where the smallest branch switches off.",
+        "",
+        early_table(rows, calibrate(groups, rows), paper_sum),
+    ]
+    page.write_text("\n".join(text).rstrip() + "\n")
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("ab", type=Path, help="the A/B's runs and the first steps: a folder or a compact archive")
+    p.add_argument("ladder", type=Path, help="results v4's runs (the horizon rungs' lr curves, the ladder)")
+    p.add_argument("--seeds", type=int, required=True, help="the seeds the A/B was planned with")
+    p.add_argument("--page", type=Path, default=Path(__file__).resolve().parent.parent / "docs" / "collapse.md")
+    args = p.parse_args(argv)
+    rebuild = f"python -m repro.collapse_page {args.ab} {args.ladder} --seeds {args.seeds}"
+    with tempfile.TemporaryDirectory() as tmp:
+        dirs = []
+        for i, source in enumerate((args.ab, args.ladder)):
+            if is_compact(source):
+                if not source.is_file():
+                    print(f"error: {source}: no such archive", file=sys.stderr)
+                    return 2
+                unpack(source, Path(tmp) / str(i))
+                source = Path(tmp) / str(i)
+            elif not source.is_dir():
+                print(f"error: {source}: no such folder", file=sys.stderr)
+                return 2
+            dirs.append(source)
+        write_page(args.page, dirs[0], dirs[1], args.seeds, rebuild)
+    print(f"wrote {args.page}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
