@@ -140,10 +140,12 @@ CASES: list[Case] = [
     Case("dense_unified_adamw_cosine_accum2", (*_scale("unified"), "train.micro_batch=4")),
     Case("dense_none_muon_wsd", (*_scale("none"), *MUON, "schedule.name=wsd", "train.micro_batch=8")),
     Case("moe_unified_adamw_wsd_accum2", (*MOE, *_scale("unified"), "schedule.name=wsd", "train.micro_batch=4")),
-    Case("dense_unified_muon_cosine_2ranks_accum2", (*_scale("unified"), *MUON, "train.micro_batch=2"), ranks=2),
+    # the paper's literal unified (the figures' preset): the magnitudes only a Norm reads kept and decayed
+    Case("dense_unified_literal_muon_cosine_2ranks_accum2", (*_scale("unified_literal"), *MUON, "train.micro_batch=2"),
+         ranks=2),
     # the bias balancing too (the loads all-reduced over ranks decide each expert's bias step)
-    Case("moe_unified_adamw_cosine_2ranks", (*MOE, *_scale("unified"), "model.moe.balance=bias",
-                                             "model.moe.bias_rate=0.01", "train.micro_batch=4"), ranks=2),
+    Case("moe_unified_literal_adamw_cosine_2ranks", (*MOE, *_scale("unified_literal"), "model.moe.balance=bias",
+                                                     "model.moe.bias_rate=0.01", "train.micro_batch=4"), ranks=2),
     # the other designs and paths of the step, each case carrying one design and one or two paths
     Case("dense_hg_ap_adamw_wsd_ckpt_full", (*_scale("hg_ap"), "schedule.name=wsd", "train.micro_batch=8",
                                              "train.activation_checkpointing=full")),

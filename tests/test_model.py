@@ -12,7 +12,7 @@ from model.scaling import ScaledLinear, rms_normalize
 from model.vectors import ScaleVector
 
 PRESETS = ["baseline", "none", "hg", "hg_ap", "hg_dp", "hg_dnp", "hg_dp_or", "hg_dp_er", "hg_dnp_or", "hg_dnp_er",
-           "unified", "gemma"]
+           "unified", "unified_literal", "gemma"]
 FOLDABLE = ["baseline", "none", "hg", "hg_ap", "hg_dp", "hg_dp_or", "hg_dp_er"]
 
 
@@ -51,7 +51,7 @@ def test_paper_parameter_counts(size):
     by_role = base.params_by_role()
     assert by_role["scale_input"] == (2 * base_cfg.n_layers + 1) * base_cfg.d_model
     assert by_role["scale_output"] == 0
-    unified = meta_model(load_config([f"configs/dense/{size}.yaml", "configs/scale/unified.yaml"]).model)
+    unified = meta_model(load_config([f"configs/dense/{size}.yaml", "configs/scale/unified_literal.yaml"]).model)
     assert unified.num_params() == unified_total
 
 

@@ -184,7 +184,7 @@ def test_set_lr_respects_lr_scale():
 def _unified(moe: bool = False, *overrides: str):
     from config import load_config, resolve_vocab
     from model.llama import Llama
-    paths = ["configs/tiny_moe.yaml" if moe else "configs/tiny_cpu.yaml", "configs/scale/unified.yaml"]
+    paths = ["configs/tiny_moe.yaml" if moe else "configs/tiny_cpu.yaml", "configs/scale/unified_literal.yaml"]
     cfg = load_config(paths, list(overrides))
     with torch.device("meta"):
         return cfg, Llama(resolve_vocab(cfg))
@@ -248,7 +248,7 @@ def test_the_knob_needs_dnp_magnitudes():
         load_config(["configs/tiny_cpu.yaml", "configs/scale/hg_dp_or.yaml"], ["optim.scale_wd_invariant=false"])
     with pytest.raises(ConfigError, match=r"placement=dnp, model.scale.reparam=direct"):
         load_config(["configs/tiny_cpu.yaml", "configs/scale/hg_dnp.yaml"], ["optim.scale_wd_invariant=false"])
-    load_config(["configs/tiny_cpu.yaml", "configs/scale/unified.yaml"], ["optim.scale_wd_invariant=false"])
+    load_config(["configs/tiny_cpu.yaml", "configs/scale/unified_literal.yaml"], ["optim.scale_wd_invariant=false"])
 
 
 def test_an_invariant_magnitude_gets_gradient_only_through_eps():
@@ -260,7 +260,7 @@ def test_an_invariant_magnitude_gets_gradient_only_through_eps():
 
     from config import load_config, resolve_vocab
     from model.llama import Llama
-    cfg = load_config(["configs/tiny_moe.yaml", "configs/scale/unified.yaml"],
+    cfg = load_config(["configs/tiny_moe.yaml", "configs/scale/unified_literal.yaml"],
                       ["model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.moe.n_experts=4",
                        "model.moe.top_k=2", "data.tokenizer=bpe:320"])
     base = resolve_vocab(cfg)

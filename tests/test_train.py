@@ -363,7 +363,7 @@ def test_unified_iwd_decays_input_vectors_only():
     from optim import decays
     from model.llama import Llama
     from model.config import Role
-    cfg = load_config(["configs/base.yaml", "configs/scale/unified.yaml"],
+    cfg = load_config(["configs/base.yaml", "configs/scale/unified_literal.yaml"],
                       ["model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.vocab_size=64"])
     with torch.device("meta"):
         roles = Llama(cfg.model).param_roles()
