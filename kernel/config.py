@@ -30,6 +30,40 @@ import yaml
 # libyaml's parser when PyYAML has it (10× faster; the same safe constructor and resolver, so the same values)
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
+
+class DuplicateKey(Exception):
+    """A mapping that gives one key twice: YAML would keep the last silently (a second `train:` section replacing
+    the first)."""
+
+    def __init__(self, key: Any, first: int, second: int):
+        where = f"lines {first} and {second}" if first != second else f"line {first}"
+        super().__init__(f"key {key!r} is given twice in one mapping, at {where}; keep one")
+        self.key, self.first, self.second = key, first, second
+
+
+class _StrictLoader(_YAML_LOADER):
+    """The safe loader, refusing a key given twice in one mapping at any depth."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<:` merges another mapping: not a key
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    if key in seen:
+                        raise DuplicateKey(key, seen[key], key_node.start_mark.line + 1)
+                    seen[key] = key_node.start_mark.line + 1
+                except TypeError:  # an unhashable key: the safe constructor says so itself
+                    continue
+        return super().construct_mapping(node, deep)
+
+
+def load_yaml(text: str) -> Any:
+    """Plain data from YAML text, a repeated key refused (DuplicateKey)."""
+    return yaml.load(text, Loader=_StrictLoader)
+
 # metadata of a field a resumed run may change
 RESUMABLE = {"resumable": True}
 
@@ -61,7 +95,11 @@ def read_files(paths: list[str | Path], overrides: Optional[list[str]] = None) -
         key, sep, text = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"override {item!r}: expected dotted.key=value, e.g. optim.lr=3e-3")
-        _set_dotted(raw, key.strip(), yaml.safe_load(text) if text.strip() else None)
+        try:
+            value = load_yaml(text) if text.strip() else None
+        except DuplicateKey as e:
+            raise ConfigError(f"override {item!r}: {e}") from None
+        _set_dotted(raw, key.strip(), value)
     return raw
 
 
@@ -79,7 +117,9 @@ def _read_chain(path: Path, seen: tuple[Path, ...]) -> dict:
     if path in seen:
         raise ConfigError(f"config {path}: `base:` chain loops back to itself ({' → '.join(map(str, seen))})")
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_YAML_LOADER)
+        data = load_yaml(path.read_text(encoding="utf-8"))
+    except DuplicateKey as e:
+        raise ConfigError(f"config {path}: {e}") from None
     except UnicodeDecodeError as e:
         raise ConfigError(f"config {path} is not UTF-8 text ({e.reason} at byte {e.start}): is it a YAML file?") \
             from None

@@ -67,10 +67,10 @@ class OptimConfig:
     def invariants(self) -> list[tuple[str, str]]:
         """(key within optim., problem) for every violated invariant."""
         bad = []
-        if not (math.isfinite(self.lr) and self.lr > 0):
-            bad.append(("lr", f"{self.lr} must be a positive finite number"))
-        if self.weight_decay < 0:
-            bad.append(("weight_decay", f"{self.weight_decay} must be ≥ 0"))
+        if not 0 < self.lr <= 1:  # AdamW and Muon train at 1e-4 to 5e-2; above 1 is a typo (1e308, 3e3)
+            bad.append(("lr", f"{self.lr} must lie in (0, 1]"))
+        if not 0 <= self.weight_decay < math.inf:
+            bad.append(("weight_decay", f"{self.weight_decay} must be a finite number ≥ 0"))
         if self.grad_clip < 0:
             bad.append(("grad_clip", f"{self.grad_clip} must be ≥ 0 (0 disables clipping)"))
         if self.eps <= 0:

@@ -10,6 +10,9 @@ from typing import Literal, Optional
 from kernel.config import resumable as _resumable
 
 
+MAX_COUNT = 10**12  # the largest step count, batch or token count a train. field accepts
+
+
 @dataclass
 class TrainConfig:
     steps: int = 1000
@@ -67,6 +70,10 @@ class TrainConfig:
         bad = [(key, "must be positive") for key in ("steps", "global_batch", "micro_batch", "eval_every",
                                                      "eval_tokens", "ckpt_every", "keep_ckpts", "max_consecutive_skips")
                if getattr(self, key) <= 0]
+        # A count beyond 1e12 is a typo (1e20 steps), not a run: the paper's longest is 40,000 steps of 512 sequences.
+        bad += [(key, f"{getattr(self, key)} must lie in [1, 1e12]") for key in
+                ("steps", "global_batch", "micro_batch", "eval_every", "eval_tokens", "ckpt_every")
+                if getattr(self, key) > MAX_COUNT]
         if not 0 <= self.seed < 2**32:  # numpy's seeding range (the data order and init draw from it)
             bad.append(("seed", f"{self.seed} must lie in [0, 2**32)"))
         if self.extra_eval_tokens is not None and self.extra_eval_tokens <= 0:

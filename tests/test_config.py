@@ -69,6 +69,38 @@ def test_invariants(override, key):
         load_config(overrides=[override] + extra)
 
 
+def test_a_key_given_twice_is_refused_at_any_depth_naming_both_lines(tmp_path):
+    """YAML keeps the last of two equal keys: a second `train:` section would silently replace the first."""
+    base = tmp_path / "base.yaml"
+    base.write_text("train:\n  steps: 7\n  global_batch: 8\noptim: {lr: 1.0e-3}\ntrain:\n  eval_every: 2\n")
+    with pytest.raises(ConfigError, match=r"base\.yaml: key 'train' is given twice in one mapping, at lines 1 and 5"):
+        load_config(base)
+    child = tmp_path / "child.yaml"
+    base.write_text("model:\n  scale:\n    placement: dnp\n    reparam: or\n    placement: dp\n")
+    child.write_text("base: base.yaml\n")
+    with pytest.raises(ConfigError, match=r"base\.yaml: key 'placement' .* at lines 3 and 5"):
+        load_config(child)  # found through the base chain, the file named
+    base.write_text("data:\n  val_sets: [a, b]\ntrain: {steps: 7, steps: 8}\n")
+    with pytest.raises(ConfigError, match=r"key 'steps' is given twice in one mapping, at line 3"):
+        load_config(base)
+    with pytest.raises(ConfigError, match=r"override 'model\.scale=\{placement: dnp, placement: dp\}': key 'placement'"):
+        load_config(overrides=["model.scale={placement: dnp, placement: dp}"])
+    base.write_text("train: {steps: 7}\noptim: {lr: 1.0e-3}\n")  # the same key in two mappings is fine
+    assert load_config(base, ["train.steps=9"]).train.steps == 9  # and an override is not a repeat
+
+
+@pytest.mark.parametrize("override, message", [
+    ("optim.lr=1e308", r"optim\.lr: 1e\+308 must lie in \(0, 1\]"), ("optim.lr=3", r"optim\.lr: 3.0 must lie in"),
+    ("optim.lr=0", r"optim\.lr: 0.0 must lie in"),
+    ("train.steps=1e20", r"train\.steps: 100000000000000000000 must lie in \[1, 1e12\]"),
+    ("train.eval_tokens=1e13", r"train\.eval_tokens: .* must lie in \[1, 1e12\]"),
+    ("optim.weight_decay=inf", r"optim\.weight_decay"),
+])
+def test_a_number_outside_its_fields_range_is_refused(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config("configs/tiny_cpu.yaml", [override])
+
+
 def test_missing_file_is_clear():
     with pytest.raises(ConfigError, match="does not exist"):
         load_config("configs/nope.yaml")
