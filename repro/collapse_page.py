@@ -14,13 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from repro.collapse import arms_of, table
-from repro.comparisons import COLLAPSE_ROWS, Plan, collapse_ab, default_comparisons, lr_text
-from repro.headroom_risk import (FIRST_BATCH, FIRST_LR, FIRST_RUNGS, FIRST_SEQ, FIRST_STEPS, PAPER_CONFIG, calibrate,
-                                 early, early_table, first_steps_argv, ladder, ladder_table, lr_sums)
-from repro.runner import is_compact, plan_runs, unpack
-from runs import Run, load_run
+from repro.collapse import Arm, arms_of, paired, table
+from repro.comparisons import COLLAPSE_ROWS, Comparison, Plan, collapse_ab, default_comparisons, lr_text
 from config import load_config
+from repro.headroom_risk import (FIRST_BATCH, FIRST_LR, FIRST_RUNGS, FIRST_SEQ, FIRST_STEPS, PAPER_CONFIG, Early,
+                                 calibrate, early, early_table, first_names, first_steps_argv, ladder, ladder_table,
+                                 lr_sums, rung_of)
+from repro.runner import CpuLedger, is_compact, plan_runs, unpack
+from runs import load_run
 
 
 @dataclass(frozen=True)
@@ -83,33 +84,69 @@ def lr_table(points: list[LrPoint]) -> list[str]:
     return lines
 
 
+def reading(abs_: list[tuple[Comparison, list[Arm]]], curves: dict[str, list[LrPoint]], rows: list[Early],
+            calibration: Optional[float], paper_sum: float) -> list[str]:
+    """The page's plain words, each computed from the tables below it."""
+    literal, removed, spared = ([a for _, arms in abs_ for a in arms if a.label == label]
+                                for label in ("unified, literal", "unified, magnitudes removed",
+                                              "unified, those β undecayed"))
+    def count(arms: list[Arm]) -> str:
+        return f"{sum(a.collapsed() for a in arms)} of {sum(len(a.runs) for a in arms)}"
+    deltas = [paired(r.final("val_loss"), lit.final("val_loss")) for lit, r in zip(literal, removed)]
+    deltas = [d for d in deltas if d is not None and d.n >= 2]
+    better = sum(d.resolved and d.mean < 0 for d in deltas)
+    worse = sum(d.resolved and d.mean > 0 for d in deltas)
+    out = [f"- **Collapse.** Literal unified switched a branch off in {count(literal)} runs over {len(abs_)} rows. "
+           f"Without those magnitudes: {count(removed)}. With them undecayed: {count(spared)}.",
+           f"- **Loss.** Removed − literal, final val loss, over the {len(deltas)} rows with 2 or more seeds: better "
+           f"in {better}, worse in {worse}, unresolved in {len(deltas) - better - worse} (95 % intervals, the tables "
+           "below)."]
+    for title, points in curves.items():
+        best = {c: min(((getattr(p, c), p.lr) for p in points if getattr(p, c) is not None), default=None)
+                for c in ("baseline", "literal", "removed")}
+        if best["removed"] and best["literal"] and best["baseline"]:
+            gap = best["removed"][0] - best["literal"][0]
+            out.append(f"- **Best lr, {title}.** Baseline {best['baseline'][1]}, literal {best['literal'][1]}; removed "
+                       f"(at the lrs it ran) {best['removed'][1]}, {abs(gap):.4f} {'below' if gap < 0 else 'above'} "
+                       "literal at its best.")
+    paper = next((e for e in rows if e.rung == rung_of(load_config(PAPER_CONFIG))), None)
+    if paper is not None and calibration is not None:
+        at = paper.sum_lr_to_collapse() * calibration
+        preset = load_config(PAPER_CONFIG).model.scale.invariant_magnitude
+        out.append(f"- **The paper model.** Literal unified on `configs/dense_0.12b_unified.yaml` reaches the collapse "
+                   f"point at Σlr ≈ {at:.1f} by the calibrated estimate; its schedule sums to {paper_sum:.1f}. "
+                   + ("It is at risk. " if at < paper_sum else "The estimate puts it out of reach. ")
+                   + ("The config now removes those magnitudes (`configs/scale/unified.yaml`), so it cannot collapse; "
+                      "`configs/scale/unified_literal.yaml` keeps them for a faithful reproduction, and its runs print "
+                      "a warning when a branch switches off." if preset == "remove" else
+                      "Read its warnings, or set `model.scale.invariant_magnitude=remove`."))
+    return out
+
+
 def write_page(page: Path, ab_dir: Path, ladder_dir: Path, seeds: int, rebuild: str) -> None:
     """The page from the A/B's runs and the first steps (`ab_dir`) and results v4's runs (`ladder_dir`)."""
-    reading: list[str] = []
     comps = [collapse_ab(*r) for r in COLLAPSE_ROWS]
     _, where = plan_runs(Plan(seeds, comparisons=comps), str(ab_dir))
-    ab = []
-    for comp in comps:
-        arms = arms_of(comp, where, seeds)
-        if any(a.runs for a in arms):
-            ab += [table(comp, arms), ""]
-    curves = []
-    for kind, hs in (("dense", (3, 10)), ("moe", (1, 10))):
-        for h in hs:
-            curves += [f"**{'Dense d32 L4' if kind == 'dense' else 'MoE d32 L2 E8'}, {h} × the proxy's tokens** "
-                       f"(mean final val loss over seeds 0–{seeds - 1}; bold: the column's best)", "",
-                       *lr_table(lr_curve(h, kind, ab_dir, ladder_dir, seeds)), ""]
+    abs_ = [(comp, arms) for comp, arms in ((c, arms_of(c, where, seeds)) for c in comps) if any(a.runs for a in arms)]
+    curves = {f"{'dense d32 L4' if kind == 'dense' else 'MoE d32 L2 E8'} at {h} ×": lr_curve(h, kind, ab_dir,
+                                                                                          ladder_dir, seeds)
+              for kind, hs in (("dense", (3, 10)), ("moe", (1, 10))) for h in hs}
     ladder_runs = [load_run(p.parent) for d in (ladder_dir, ab_dir) for p in sorted(d.glob("*/config.yaml"))]
     groups = ladder(list({r.path.name: r for r in ladder_runs}.values()))
-    rows = [early(load_run(ab_dir / n)) for n in (first_steps_argv(r, ab_dir)[0] for r in (*FIRST_RUNGS, None))
-            if (ab_dir / n / "config.yaml").exists()]
+    rows = first_steps(ab_dir)
+    calibration = calibrate(groups, rows)
     paper_sum = lr_sums(load_config(PAPER_CONFIG))[-1]
     text = [
         "# Every branch stays on: the magnitudes only a Norm reads",
         "",
-        f"<!-- Written by `{rebuild}`; edit repro/collapse_page.py and repro/collapse.py, not this file. -->",
+        f"<!-- Written by `{rebuild}`; edit repro/collapse_page.py, not this file. -->",
         "",
-        *reading,
+        "Under DNP an input-side vector feeds its branch's inner Norm, so its magnitude β reaches the loss only "
+        "through that Norm's eps, while IWD decays it (docs/paper.md §1.7). Once β² times the branch's scale falls "
+        "below eps, the Norm stops normalizing and the branch is switched off. This page measures where that happens "
+        "on the CPU proxy, what removing those magnitudes does, and what it means for the paper's schedule.",
+        "",
+        *reading(abs_, curves, rows, calibration, paper_sum),
         "",
         "## The A/B",
         "",
@@ -118,13 +155,15 @@ def write_page(page: Path, ab_dir: Path, ladder_dir: Path, seeds: int, rebuild: 
         "with those magnitudes undecayed (`optim.scale_wd_invariant=false`). A run collapsed when some inner Norm's "
         "headroom (input mean square / eps) fell below 1 at an evaluation. Δ is paired by seed (mean [95 % interval]).",
         "",
-        *ab,
+        *[line for comp, arms in abs_ for line in (table(comp, arms), "")],
         "## Each horizon's lr curve",
         "",
         "Baseline and literal unified are the horizon rungs of results v4 (docs/results.md, The horizon); the removed "
-        "form ran where the A/B did.",
+        "form ran where the A/B did. Each cell is the mean final val loss over the seeds every run of its curve has; "
+        "bold is the column's best.",
         "",
-        *curves,
+        *[line for title, points in curves.items() for line in (f"**{title} the proxy's tokens**", "",
+                                                                 *lr_table(points), "")],
         "## The paper-scale risk",
         "",
         "The ladder: each literal unified run's Σlr (its schedule's lr summed over its steps) at its first evaluation "
@@ -135,12 +174,37 @@ def write_page(page: Path, ab_dir: Path, ladder_dir: Path, seeds: int, rebuild: 
         f"The first steps: each rung and the real `configs/dense_0.12b_unified.yaml`, {FIRST_STEPS} steps at a "
         f"constant lr {FIRST_LR:g}, {FIRST_BATCH} × {FIRST_SEQ} tokens a step, literal form, fp32 "
         "(`python -m repro.headroom_risk --first-steps DIR --train`). The fastest β per Σlr is the largest |Δβ| over "
-        "those steps over their Σlr; the branch growth is the median headroom / β² at the end over its value at "
-        "init; β* = 1 / sqrt(headroom at init × growth) is where the smallest branch switches off.",
+        "those steps over their Σlr. The branch growth is the median headroom / β² at the end over its value at "
+        "init. β* = 1 / sqrt(headroom at init × growth) is where the smallest branch switches off. The raw Σlr to "
+        "collapse is (1 − β*) / rate; the d32 rung's runs at the same lr calibrate it (their median Σlr at collapse "
+        "over its raw estimate).",
         "",
-        early_table(rows, calibrate(groups, rows), paper_sum),
+        early_table(rows, calibration, paper_sum),
+        "",
+        "## The budget",
+        "",
+        *budget(ab_dir),
     ]
     page.write_text("\n".join(text).rstrip() + "\n")
+
+
+def first_steps(folder: Path) -> list[Early]:
+    """The finished first-steps runs in `folder`, the rungs in ladder order and the paper's config last."""
+    names = [first_steps_argv(r, folder)[0] for r in (*FIRST_RUNGS, None)]
+    runs = [load_run(folder / n) for n in names if (folder / n / "config.yaml").exists()]
+    return [early(r) for r in runs if r.finished]
+
+
+def budget(ab_dir: Path) -> list[str]:
+    """The CPU time of this page's runs (repro/runner.py's ledger)."""
+    seconds = CpuLedger(ab_dir).seconds
+    first = first_names()
+    ab = sum(v for k, v in seconds.items() if k not in first)
+    fs = sum(v for k, v in seconds.items() if k in first)
+    return ["| part | runs | CPU-hours |", "|---|---|---|",
+            f"| the A/B | {sum(k not in first for k in seconds)} | {ab / 3600:.2f} |",
+            f"| the first steps | {sum(k in first for k in seconds)} | {fs / 3600:.2f} |",
+            f"| total | {len(seconds)} | {(ab + fs) / 3600:.2f} |"]
 
 
 def main(argv: Optional[list[str]] = None) -> int:

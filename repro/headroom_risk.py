@@ -115,9 +115,11 @@ class Group:
 
 
 def ladder(runs: list[Run]) -> list[Group]:
+    """The finished literal unified dense runs by rung, lr and steps (the first-steps runs left out)."""
     groups: dict[tuple, list] = {}
+    first = first_names()
     for run in runs:
-        if run.finished and not run.cfg.model.moe and is_literal(run.cfg):
+        if run.finished and not run.cfg.model.moe and is_literal(run.cfg) and run.path.name not in first:
             key = (rung_of(run.cfg), run.cfg.optim.lr, run.cfg.train.steps)
             groups.setdefault(key, []).append(tuple(trajectory(run)))
     return [Group(*k, tuple(v)) for k, v in sorted(groups.items(), key=lambda kv: (int(kv[0][0][1:].split("L")[0]),
@@ -125,8 +127,8 @@ def ladder(runs: list[Run]) -> list[Group]:
 
 
 def ladder_table(groups: list[Group]) -> str:
-    lines = ["| rung | lr | steps | Σlr | runs | headroom measured | collapsed | Σlr at collapse | smallest β (median) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| rung | lr | steps | Σlr | runs | headroom measured | collapsed | Σlr at collapse | "
+             "smallest β (median) |", "|---|---|---|---|---|---|---|---|---|"]
     for g in groups:
         sums = g.collapse_sums()
         betas = [min(p.beta for p in t if p.beta is not None) for t in g.points if any(p.beta is not None for p in t)]
@@ -159,6 +161,11 @@ def first_steps_argv(rung: Optional[Shape], out_dir: Path) -> tuple[str, list[st
         job = make_job(FIGURES["6"], "0.12b_unified", "tiny", 0, 1, str(out_dir), [], f"-{rung.label}", rung, 1)
         name, argv = f"proxy-{rung.label.replace(' ', '')}", list(job.argv)
     return name, argv + [*FIRST_OVERRIDES, f"log.out_dir={out_dir}", f"log.run_name={name}"]
+
+
+def first_names() -> set[str]:
+    """The first-steps runs' directory names."""
+    return {first_steps_argv(r, Path("."))[0] for r in (*FIRST_RUNGS, None)}
 
 
 def train_first_steps(out_dir: Path) -> None:
@@ -204,10 +211,12 @@ def early(run: Run) -> Early:
 def early_table(rows: list[Early], calibration: Optional[float], paper_sum: float) -> str:
     lines = ["| rung | headroom at init | fastest β per Σlr | branch growth | β* | Σlr to collapse, raw | "
              "calibrated by d32 |", "|---|---|---|---|---|---|---|"]
+    paper = rung_of(load_config(PAPER_CONFIG))
     for e in rows:
         raw = e.sum_lr_to_collapse()
         cal = f"{raw * calibration:.1f}" if calibration else "–"
-        lines.append(f"| {e.rung} | {e.h0:.2g} | {e.rate:.2f} | {e.growth:.2f} | {e.beta_star:.2g} | {raw:.1f} | "
+        name = f"Llama-0.12B, {e.rung}" if e.rung == paper else e.rung
+        lines.append(f"| {name} | {e.h0:.2g} | {e.rate:.2f} | {e.growth:.2f} | {e.beta_star:.2g} | {raw:.1f} | "
                      f"{cal} |")
     lines.append(f"\nThe paper schedule (configs/dense_0.12b_unified.yaml): Σlr = {paper_sum:.1f} over its "
                  f"{load_config(PAPER_CONFIG).train.steps} steps.")
@@ -248,7 +257,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         if args.train:
             train_first_steps(args.first_steps)
         names = [first_steps_argv(r, args.first_steps)[0] for r in (*FIRST_RUNGS, None)]
-        rows = [early(load_run(args.first_steps / n)) for n in names if (args.first_steps / n / "config.yaml").exists()]
+        found = [load_run(args.first_steps / n) for n in names if (args.first_steps / n / "config.yaml").exists()]
+        rows = [early(r) for r in found if r.finished]
         paper_sum = lr_sums(load_config(PAPER_CONFIG))[-1]
         print(f"The first {FIRST_STEPS} steps at lr {FIRST_LR:g}, {FIRST_BATCH} × {FIRST_SEQ} tokens a step:\n\n"
               + early_table(rows, calibrate(groups, rows), paper_sum))

@@ -74,17 +74,26 @@ def select_runs(uniques: list[Unique], where: dict[tuple[str, int], Path], patte
 
 
 class CpuLedger:
-    """CPU seconds per run directory, summed over every invocation: `<out-dir>/cpu_seconds.json`."""
+    """CPU seconds per run directory, summed over every invocation: `<out-dir>/cpu_seconds.json`. Two invocations
+    may share an out-dir (the A/B and the first steps of repro/headroom_risk.py): each add re-reads the file under
+    a lock, so neither overwrites the other's runs."""
     FILE = "cpu_seconds.json"
 
     def __init__(self, out_dir: Path):
         self.path = Path(out_dir) / self.FILE
-        self.seconds: dict[str, float] = json.loads(self.path.read_text()) if self.path.exists() else {}
+        self.seconds: dict[str, float] = self._read()
+
+    def _read(self) -> dict[str, float]:
+        return json.loads(self.path.read_text()) if self.path.exists() else {}
 
     def add(self, run: str, seconds: float) -> None:
+        import fcntl
         from runtime.files import atomic_write
-        self.seconds[run] = self.seconds.get(run, 0.0) + seconds
-        atomic_write(self.path, json.dumps(self.seconds, indent=1, sort_keys=True))
+        with open(self.path.with_name(self.FILE + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            self.seconds = self._read()
+            self.seconds[run] = self.seconds.get(run, 0.0) + seconds
+            atomic_write(self.path, json.dumps(self.seconds, indent=1, sort_keys=True))
 
     @property
     def total(self) -> float:

@@ -133,3 +133,14 @@ def test_a_horizons_lr_curve_reads_v4s_rung_and_the_ab(tmp_path):
     table = lr_table(points)
     assert table[0] == "| lr | seeds | baseline | unified, literal | unified, magnitudes removed |"
     assert "**3.5005**" in next(line for line in table if line.startswith("| 8e-3 |"))
+
+
+def test_two_ledgers_on_one_out_dir_keep_each_others_runs(tmp_path):
+    """The A/B and the first steps (repro/headroom_risk.py) may train into one out-dir at once: a ledger opened
+    before the other's add must not drop that run when it adds its own."""
+    from repro.runner import CpuLedger
+    first, second = CpuLedger(tmp_path), CpuLedger(tmp_path)
+    first.add("a", 10.0)
+    second.add("b", 5.0)
+    first.add("a", 1.0)
+    assert CpuLedger(tmp_path).seconds == {"a": 11.0, "b": 5.0}
