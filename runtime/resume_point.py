@@ -4,6 +4,7 @@ read, every newer damaged one moved into `checkpoints/set_aside/` (never deleted
 that DCP's data files hold the bytes its metadata names."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Optional
 
@@ -12,9 +13,12 @@ import torch.distributed as dist
 from torch.distributed.checkpoint import FileSystemReader
 
 from runtime.checkpoint import EXTRA_FILE, MARKER, CheckpointError, complete_checkpoints, read_marker
-from runtime.files import fsync_dir
+from runtime.files import atomic_write, fsync_dir
 
 SET_ASIDE = "set_aside"  # <run>/checkpoints/set_aside/: checkpoints a resume passed over, moved there, never deleted
+# <run>/checkpoints/rolled_back.json: the step the last --resume-step returned to. A requeued job script that keeps
+# the flag then continues the run instead of rolling it back on every restart.
+ROLLED_BACK = "rolled_back.json"
 
 
 def damaged_files(path: Path) -> list[str]:
@@ -63,6 +67,15 @@ def set_aside(path: Path, why: str) -> Path:
     return dest
 
 
+def rolled_back_to(ckpt_dir: Path) -> Optional[int]:
+    """The step the last --resume-step went back to (None: never, or a record that cannot be read)."""
+    try:
+        step = json.loads((Path(ckpt_dir) / ROLLED_BACK).read_text())["step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return step if isinstance(step, int) else None
+
+
 def resume_point(ckpt_dir: Path, step: Optional[int] = None) -> tuple[Optional[Path], list[str]]:
     """The checkpoint a run resumes from and what was done to get there: (the newest complete checkpoint whose
     files all read, or None; one line per checkpoint set aside). Newer damaged ones are set aside. With `step`, that
@@ -85,6 +98,11 @@ def resume_point(ckpt_dir: Path, step: Optional[int] = None) -> tuple[Optional[P
 
 def _choose(ckpt_dir: Path, step: Optional[int]) -> tuple[Optional[str], list[str]]:
     complete, notes = complete_checkpoints(ckpt_dir), []
+    if step is not None and rolled_back_to(ckpt_dir) == step and any(s > step for s, _ in complete):
+        notes.append(f"--resume-step {step}: this run went back to step {step} once already "
+                     f"({ckpt_dir / ROLLED_BACK}) and has trained on since, so it continues from its newest "
+                     f"checkpoint. To go back to step {step} again, delete that file")
+        step = None
     if step is not None:
         chosen = [p for s, p in complete if s == step]
         if not chosen:
@@ -98,6 +116,7 @@ def _choose(ckpt_dir: Path, step: Optional[int]) -> tuple[Optional[str], list[st
             if s > step:
                 dest = set_aside(p, f"newer than --resume-step {step}")
                 notes.append(f"set {p.name} aside (newer than --resume-step {step}): {dest}")
+        atomic_write(ckpt_dir / ROLLED_BACK, json.dumps({"step": step}) + "\n")
         return str(chosen[0]), notes
     for s, p in reversed(complete):
         problems = damaged_files(p)

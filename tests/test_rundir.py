@@ -156,6 +156,16 @@ def test_resume_step_sets_newer_checkpoints_aside(data_dir, tmp_path, capsys):  
     assert sorted(p.name for p in (ckpts / "set_aside").iterdir()) == ["step_00000004", "step_00000006"]
     assert sorted(p.name for p in ckpts.glob("step_*")) == ["step_00000002", "step_00000004", "step_00000006"]
     assert [r["step"] for r in records(tmp_path / "back", "train")] == list(range(1, 7))
+    # A requeued job that keeps the flag: the run went back to 2 once and trained on, so it continues, setting
+    # nothing more aside and training nothing again.
+    train.main(argv + ["--resume-step", "2"])
+    assert "this run went back to step 2 once already" in capsys.readouterr().err
+    assert sorted(p.name for p in (ckpts / "set_aside").iterdir()) == ["step_00000004", "step_00000006"]
+    assert [r["step"] for r in records(tmp_path / "back", "train")] == list(range(1, 7))
+    # Another step is a new rollback, and the record follows it.
+    train.main(argv + ["--resume-step", "4"])
+    assert "set step_00000006 aside (newer than --resume-step 4)" in capsys.readouterr().err
+    assert json.loads((ckpts / "rolled_back.json").read_text()) == {"step": 4}
 
 
 def test_a_full_disk_under_the_metrics_is_one_line_and_resumes(data_dir, tmp_path, monkeypatch):  # noqa: F811
