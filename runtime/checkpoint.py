@@ -52,7 +52,7 @@ from runtime.rng import rng_equal, rng_state, set_rng_state
 MARKER = "COMPLETE"
 EXTRA_FILE = "extra.pt"
 ERRORS_LOG = "errors.log"  # in the checkpoints dir: the tracebacks of failed saves
-_STEP_DIR = re.compile(r"^step_(\d+)$")
+STEP_DIR = re.compile(r"^step_(\d+)$")
 _TMP_PREFIX = ".tmp-step_"
 
 
@@ -196,7 +196,7 @@ def _prune(ckpt_dir: Path, keep: int, just_written: Path) -> None:
     for path in ckpt_dir.iterdir():
         if path == just_written or not path.is_dir():
             continue
-        if path.name.startswith(_TMP_PREFIX) or (_STEP_DIR.match(path.name) and not (path / MARKER).is_file()):
+        if path.name.startswith(_TMP_PREFIX) or (STEP_DIR.match(path.name) and not (path / MARKER).is_file()):
             _remove(path)
 
 
@@ -238,7 +238,7 @@ def complete_checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:
         return []
     found = []
     for path in ckpt_dir.iterdir():
-        m = _STEP_DIR.match(path.name)
+        m = STEP_DIR.match(path.name)
         if m and path.is_dir() and (path / MARKER).is_file():
             found.append((int(m.group(1)), path))
     return sorted(found)
@@ -255,7 +255,7 @@ def resolve_checkpoint(path: Path) -> Path:
     path = Path(path)
     if (path / MARKER).is_file():
         return path
-    if path.is_dir() and _STEP_DIR.match(path.name):
+    if path.is_dir() and STEP_DIR.match(path.name):
         newest = latest_checkpoint(path.parent)
         raise CheckpointError(f"{path} is incomplete (no {MARKER} marker): the save that wrote it did not finish; "
                               + (f"the newest complete one is {newest}" if newest else "none beside it is complete"))

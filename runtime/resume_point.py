@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint import FileSystemReader
 
-from runtime.checkpoint import EXTRA_FILE, MARKER, CheckpointError, complete_checkpoints, read_marker
+from runtime.checkpoint import EXTRA_FILE, MARKER, STEP_DIR, CheckpointError, complete_checkpoints, read_marker
 from runtime.files import atomic_write, fsync_dir
 
 SET_ASIDE = "set_aside"  # <run>/checkpoints/set_aside/: checkpoints a resume passed over, moved there, never deleted
@@ -38,7 +38,14 @@ def damaged_files(path: Path) -> list[str]:
     world = marker.get("world_size") if isinstance(marker, dict) else None
     if marker is not None and not isinstance(world, int):
         problems.append(f"{MARKER} (no world_size)")
-    readable(EXTRA_FILE, lambda: torch.load(path / EXTRA_FILE, weights_only=True, map_location="cpu"))
+    extra = readable(EXTRA_FILE, lambda: torch.load(path / EXTRA_FILE, weights_only=True, map_location="cpu"))
+    # One checkpoint, one step: its folder's name, its marker and the step it restores must agree.
+    named = STEP_DIR.match(path.name)
+    steps = {"folder name": int(named.group(1)) if named else None,
+             MARKER: marker.get("step") if isinstance(marker, dict) else None,
+             EXTRA_FILE: extra.get("step") if isinstance(extra, dict) else None}
+    if len({v for v in steps.values() if v is not None}) > 1:
+        problems.append("steps disagree (" + ", ".join(f"{k} {v}" for k, v in steps.items() if v is not None) + ")")
     for r in range(world if isinstance(world, int) else len(list(path.glob("rng_rank*.pt")))):
         readable(f"rng_rank{r}.pt", lambda r=r: torch.load(path / f"rng_rank{r}.pt", weights_only=True))
     metadata = readable(".metadata", lambda: FileSystemReader(str(path)).read_metadata())

@@ -104,14 +104,21 @@ def _damage(ckpt: Path, how: str) -> None:
         (ckpt / "COMPLETE").write_text("{not json")
     elif how == "rng":
         (ckpt / "rng_rank0.pt").unlink()
+    elif how == "extra.pt of step 2":  # whole and readable, but it would restore another step
+        (ckpt / "extra.pt").write_bytes((ckpt.parent / "step_00000002" / "extra.pt").read_bytes())
+    elif how == "marker of step 2":
+        marker = json.loads((ckpt / "COMPLETE").read_text())
+        (ckpt / "COMPLETE").write_text(json.dumps({**marker, "step": 2}))
     else:
         (ckpt / how).write_bytes(b"garbage")
 
 
-@pytest.mark.parametrize("how", ["shard", "marker", "rng", "extra.pt", ".metadata"])
+@pytest.mark.parametrize("how", ["shard", "marker", "rng", "extra.pt", ".metadata", "extra.pt of step 2",
+                                 "marker of step 2"])
 def test_a_damaged_checkpoint_is_set_aside_for_the_one_before(data_dir, tmp_path, capsys, how):  # noqa: F811
-    """The newest checkpoint damaged in any of its files: moved into checkpoints/set_aside/ with a WHY, the one
-    before it loaded, metrics.jsonl trimmed to it, and the run ends where an uninterrupted run ends."""
+    """The newest checkpoint damaged in any of its files, or whose folder name, marker and saved step disagree:
+    moved into checkpoints/set_aside/ with a WHY, the one before it loaded, metrics.jsonl trimmed to it, and the run
+    ends where an uninterrupted run ends."""
     argv = args_for(data_dir, tmp_path, "dmg", "train.ckpt_every=2", "train.eval_every=100")
     train.main(argv + ["--stop-at-step", "4"])
     ckpts = tmp_path / "dmg" / "checkpoints"
@@ -122,6 +129,8 @@ def test_a_damaged_checkpoint_is_set_aside_for_the_one_before(data_dir, tmp_path
     aside = ckpts / "set_aside" / "step_00000004"
     assert f"checkpoint step_00000004 is damaged" in err and f"moved to {aside}" in err
     assert (aside / "WHY").read_text().startswith("damaged: ")
+    if how.endswith("of step 2"):
+        assert "steps disagree (folder name 4, " in (aside / "WHY").read_text()
     assert [r["step"] for r in records(tmp_path / "dmg", "train")] == list(range(1, 7))
     reference = args_for(data_dir, tmp_path, "ref", "train.ckpt_every=2", "train.eval_every=100")
     train.main(reference)
