@@ -87,3 +87,30 @@ def _halt(values: list[float]) -> Halt:
 def describe(h: Halt) -> str:
     what = "loss" if not math.isfinite(h.loss + h.aux) else "gradient norm"
     return f"non-finite {what} at step {h.step} (loss {h.loss}, aux {h.aux}, grad norm {h.grad_norm})"
+
+
+def state_is_finite(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> bool:
+    """Whether every parameter and floating optimizer-state tensor, on every rank, is finite: the largest |value|
+    of each (this rank's shard of a DTensor) in one fused reduction, then one all-reduce. A save calls it, so that
+    state poisoned without a non-finite loss (a damaged checkpoint loaded in place) never reaches the disk."""
+    import torch.distributed as dist
+
+    def local(t: torch.Tensor) -> torch.Tensor:
+        return t.to_local() if hasattr(t, "to_local") else t
+    tensors = [local(p.detach()) for p in model.parameters()]
+    tensors += [local(v) for st in optimizer.state.values() for v in st.values()
+                if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    tensors = [t for t in tensors if t.numel() > 0]  # the ∞-norm has no identity for an empty shard
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for t in tensors:
+        by_device.setdefault(t.device, []).append(t)
+    device = next(iter(by_device), torch.device("cpu"))
+    bad = torch.zeros((), device=device)
+    for group in by_device.values():
+        largest = torch._foreach_norm(group, ord=math.inf)  # NaN and ±inf propagate through the max
+        bad = bad + torch.stack([n.float() for n in largest]).isfinite().logical_not().sum().to(device)
+    if dist.is_available() and dist.is_initialized():
+        if dist.get_backend() != "nccl":
+            bad = bad.cpu()
+        dist.all_reduce(bad)
+    return bool(bad.item() == 0)

@@ -36,14 +36,14 @@ from data.prepare import ensure_prepared
 from data.shards import load_meta
 from optim import clip_grad_norm, lr_at, set_lr
 from runtime.build import build_training_model
-from runtime.checkpoint import load_checkpoint, load_extra, save_checkpoint
+from runtime.checkpoint import complete_checkpoints, load_checkpoint, load_extra, save_checkpoint
 from kernel.config import ConfigError, resume_conflicts
 from runtime.dist import DistInfo, StopConsensus
-from runtime.guard import NonFiniteGuard, describe
+from runtime.guard import NonFiniteGuard, describe, state_is_finite
 from runtime.logging import RunLogger, git_commit
 from runtime.metrics import mfu, peak_flops
 from runtime.moe import moe_step_end
-from runtime.resume_point import resume_point
+from runtime.resume_point import damaged_files, resume_point
 from runtime.telemetry import HeadroomWatch, norm_headroom, scale_telemetry
 
 if TYPE_CHECKING:  # the type only: the root config.py composes the sections, nothing below imports it
@@ -268,7 +268,11 @@ class Trainer:
                 **self.evaluate()}
 
     def save(self) -> None:
-        """A checkpoint of this step: only after guard.report() found no halt, so a non-finite state is never saved."""
+        """A checkpoint of this step: only after guard.report() found no halt, and only of a finite state, so a
+        non-finite state is never saved (nor prunes the checkpoints it would replace)."""
+        if not state_is_finite(self.model, self.optimizer):
+            raise NonFiniteError(f"the parameters or optimizer state are not finite at step {self.step_count}, "
+                                 f"although every loss was; nothing was saved. {self.recovery()}")
         loader = self.batches
         extra = {"step": self.step_count, "tokens": self.tokens, "loader": loader.state_dict(),
                  "config": self.cfg.to_yaml(), "skipped_steps": self.skipped_steps, "git_commit": git_commit(),
@@ -388,8 +392,16 @@ class Trainer:
             why = "" if t.on_nonfinite == "stop" else (
                 f", {h.streak} in a row (train.max_consecutive_skips={t.max_consecutive_skips})")
             raise NonFiniteError(f"{describe(h)}{why}; the run stopped before the update (no update since). "
-                                 f"Resume from the last checkpoint in {self.ckpt_dir} with a lower optim.lr or a longer "
-                                 "schedule.warmup_steps.")
+                                 + self.recovery())
+
+    def recovery(self) -> str:
+        """What a stopped run can do next: the newest checkpoint that reads, and the commands that work with it."""
+        intact = next((p for _, p in reversed(complete_checkpoints(self.ckpt_dir)) if not damaged_files(p)), None)
+        where = (f"The newest intact checkpoint is {intact}: the same command resumes from it; add "
+                 "train.on_nonfinite=skip to skip a non-finite step instead of stopping (a resume may change it). "
+                 if intact is not None else f"{self.ckpt_dir} holds no intact checkpoint. ")
+        return where + ("optim.lr and the schedule cannot change on resume: to train with a lower optim.lr or a longer "
+                        "schedule.warmup_steps, start a new run (another log.run_name).")
 
 
 class _stop_on_signals:

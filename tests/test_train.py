@@ -266,6 +266,35 @@ def test_nonfinite_loss_stops_before_checkpoint(data_dir, tmp_path, monkeypatch)
     assert latest_checkpoint(tmp_path / "nan" / "checkpoints").name.endswith("2")  # the poisoned state never saved
 
 
+def test_a_nonfinite_state_behind_finite_losses_is_never_saved(data_dir, tmp_path, monkeypatch):
+    """Optimizer state poisoned where no loss shows it (as a checkpoint damaged in place and loaded would be): the
+    save refuses, the checkpoints it would have pruned stay, and the advice names the intact one and a command
+    that works; that command then finishes the run as an uninterrupted one does."""
+    from runtime.trainer import Trainer
+    real = Trainer.save
+
+    def poisoned_save(self):
+        if self.step_count == 4:
+            state = next(iter(self.optimizer.state.values()))
+            state["exp_avg_sq"].view(-1)[0] = float("nan")
+        return real(self)
+    monkeypatch.setattr(Trainer, "save", poisoned_save)
+    argv = args_for(data_dir, tmp_path, "state", "train.ckpt_every=2", "train.eval_every=100", "train.keep_ckpts=1")
+    with pytest.raises(NonFiniteError, match=r"not finite at step 4, although every loss was; nothing was saved\. "
+                                             r"The newest intact checkpoint is .*step_00000002: the same command "
+                                             r"resumes from it") as err:
+        train.main(argv)
+    assert "start a new run (another log.run_name)" in str(err.value)
+    ckpts = tmp_path / "state" / "checkpoints"
+    assert [p.name for p in ckpts.glob("step_*")] == ["step_00000002"]  # keep_ckpts=1 pruned nothing
+    monkeypatch.undo()
+    train.main(argv)
+    reference = args_for(data_dir, tmp_path, "clean", "train.ckpt_every=2", "train.eval_every=100")
+    train.main(reference)
+    a, b = final_params(tmp_path / "state", argv), final_params(tmp_path / "clean", reference)
+    assert all(a[n].equal(b[n]) for n in a)
+
+
 def _skip_worker(rank: int, world: int, rdzv: Rendezvous, argv: list[str]) -> None:
     if rank == 0:
         poison({3}, micro_per_step=1)  # only rank 0's loss is NaN: the all-reduced loss tells every rank to skip
