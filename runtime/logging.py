@@ -140,6 +140,22 @@ def truncate_metrics(path: Path, start_step: int) -> int:
     return dropped
 
 
+def metrics_tail(path: Path) -> tuple[int, set[int]]:
+    """The last step metrics.jsonl holds a record of (0: none), and the steps it holds an evaluation of."""
+    last, evals = 0, set()
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+                step = int(record["step"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            last = max(last, step)
+            if record.get("kind") == "eval":
+                evals.add(step)
+    return last, evals
+
+
 def _fmt_si(x: float) -> str:
     for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(x) >= scale:
@@ -179,6 +195,7 @@ class RunLogger:
         self._bar = None
         self._wandb: Any = None  # the wandb run, or None
         self._closed = False
+        self.eval_steps: set[int] = set()  # the steps metrics.jsonl has an evaluation of (rank 0 reads it)
         if not self.active:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -190,6 +207,11 @@ class RunLogger:
         dropped = truncate_metrics(metrics, start_step)
         if dropped:
             self._print(f"resume from step {start_step}: dropped {dropped} later records from {metrics}")
+        last, self.eval_steps = metrics_tail(metrics)
+        if start_step > 0 and last < start_step:  # the file lost what it had not synced when the machine went down
+            print(f"warning: {metrics} ends at step {last}, before the checkpoint's step {start_step}: the records "
+                  f"of steps {last + 1}..{start_step} are lost (the checkpoint's own evaluation is done again)",
+                  file=sys.stderr)
         self._file = open(metrics, "a")
         self._t0, self._step0 = time.perf_counter(), start_step
         if sys.stderr.isatty():  # a progress bar on a terminal; plain lines in log files (no \r clutter)
@@ -222,6 +244,13 @@ class RunLogger:
         self._write(out)
         losses = " | ".join(f"{k} {v:.4f}" for k, v in out.items() if k.startswith("val_loss") and v is not None)
         self._print(f"eval step {step}: {losses}")
+
+    def sync(self) -> None:
+        """Flush and fsync metrics.jsonl: a checkpoint is marked complete only after the records up to it are on
+        disk, so a resume never starts past a gap."""
+        if self.active and self._file is not None:
+            self._file.flush()
+            os.fsync(self._file.fileno())
 
     def close(self, failed: bool = False) -> None:
         if not self.active or self._closed:

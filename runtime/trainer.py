@@ -329,8 +329,9 @@ class Trainer:
         loss_value, failed = None, False
         with _stop_on_signals(stop):
             try:
-                if self.step_count == 0:
-                    logger.log_eval(0, self.eval_record(0))
+                at = self.step_count  # step 0's evaluation, or a checkpoint's that metrics.jsonl lost or cut short
+                if self._needs_eval(at, logger):
+                    logger.log_eval(at, self.eval_record(at))
                 window_t0, window_tokens = time.perf_counter(), 0
                 while self.step_count < t.steps:
                     step = self.step_count + 1
@@ -362,6 +363,7 @@ class Trainer:
                     if evaluating:
                         logger.log_eval(step, self.eval_record(step))
                     if saving:
+                        logger.sync()  # the records up to the checkpoint reach the disk before it does
                         self.save()
                     window_t0 += time.perf_counter() - paused_at
                     if stopping:
@@ -393,6 +395,15 @@ class Trainer:
                 f", {h.streak} in a row (train.max_consecutive_skips={t.max_consecutive_skips})")
             raise NonFiniteError(f"{describe(h)}{why}; the run stopped before the update (no update since). "
                                  + self.recovery())
+
+    def _needs_eval(self, step: int, logger: RunLogger) -> bool:
+        """Whether the run's first step (0, or the checkpoint it resumed from) lacks the evaluation it had: rank 0
+        reads metrics.jsonl, and every rank follows it (an evaluation is collective)."""
+        t = self.cfg.train
+        verdict = [step not in logger.eval_steps and (step == 0 or step % t.eval_every == 0 or step == t.steps)]
+        if self.di.world_size > 1:
+            dist.broadcast_object_list(verdict, src=0)
+        return verdict[0]
 
     def recovery(self) -> str:
         """What a stopped run can do next: the newest checkpoint that reads, and the commands that work with it."""

@@ -177,6 +177,31 @@ def test_resume_step_sets_newer_checkpoints_aside(data_dir, tmp_path, capsys):  
     assert json.loads((ckpts / "rolled_back.json").read_text()) == {"step": 4}
 
 
+@pytest.mark.parametrize("cut", ["to step 2", "mid eval line"])
+def test_metrics_lost_behind_a_checkpoint_are_said_and_its_eval_redone(data_dir, tmp_path, capsys, cut):  # noqa: F811
+    """metrics.jsonl is synced before each checkpoint; if it still loses its tail (a power loss, simulated by
+    cutting it back), the resume says which steps are gone and evaluates the checkpoint's step again: the file
+    then holds every evaluation an uninterrupted run has, with the same values."""
+    argv = args_for(data_dir, tmp_path, "cut", "train.ckpt_every=2", "train.eval_every=2")
+    train.main(argv + ["--stop-at-step", "4"])
+    metrics = tmp_path / "cut" / "metrics.jsonl"
+    lines = metrics.read_text().splitlines(keepends=True)
+    if cut == "to step 2":
+        metrics.write_text("".join(line for line in lines if json.loads(line)["step"] <= 2))
+    else:
+        assert json.loads(lines[-1])["kind"] == "eval" and json.loads(lines[-1])["step"] == 4
+        metrics.write_text("".join(lines[:-1]) + lines[-1][:40])
+    capsys.readouterr()
+    train.main(argv)
+    err = capsys.readouterr().err
+    assert ("ends at step 2, before the checkpoint's step 4: the records of steps 3..4 are lost" in err) == (
+        cut == "to step 2")
+    reference = args_for(data_dir, tmp_path, "whole", "train.ckpt_every=2", "train.eval_every=2")
+    train.main(reference)
+    evals = {r["step"]: r["val_loss"] for r in records(tmp_path / "cut", "eval")}
+    assert evals == {r["step"]: r["val_loss"] for r in records(tmp_path / "whole", "eval")}
+
+
 def test_a_full_disk_under_the_metrics_is_one_line_and_resumes(data_dir, tmp_path, monkeypatch):  # noqa: F811
     """A write the disk refuses outside a checkpoint (here metrics.jsonl at step 5): one RunDirError line, the
     traceback in <run>/errors.log, and the same command resumes from the newest checkpoint."""
