@@ -77,9 +77,10 @@ def main(argv: Optional[list[str]] = None) -> dict:
         return {}
 
     # ---- distributed: nccl on CUDA, gloo on CPU; a one-rank group for a plain `python train.py`
-    from runtime.dist import init_distributed, shutdown
+    from runtime.dist import end_with_launcher, init_distributed, shutdown
     from runtime.rundir import DISK_ERRNOS, lock_run_dir, write_failure
     from runtime.trainer import Trainer
+    end_with_launcher()  # under torchrun: a SIGTERM when the launcher dies, so no worker trains on alone
     dist_info = init_distributed(cfg.train.device)
     if dist_info.device.type == "cpu" and cfg.train.cpu_malloc_tuning:
         from runtime.cpu import tune_glibc_malloc

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +33,28 @@ class DistInfo:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+
+# The signal a torchrun worker gets when its launcher dies (end_with_launcher): a real-time signal of its own, since
+# Linux sends it again when the orphan is handed to its new parent, and a second SIGTERM means "stop at once".
+LAUNCHER_GONE = signal.SIGRTMIN + 1 if sys.platform.startswith("linux") else None
+
+
+def end_with_launcher() -> bool:
+    """Under torchrun, ask Linux to signal this worker (LAUNCHER_GONE) when its launcher (the elastic agent, its
+    parent) dies. torchrun starts each worker in a session of its own, so a SIGKILL to the agent or its process
+    group would leave the workers training, holding the run's lock. The trainer takes the signal as a preemption:
+    it checkpoints the current step, releases the lock and exits (runtime/trainer.py, _stop_on_signals). Returns
+    whether it was armed (Linux, under torchrun)."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or LAUNCHER_GONE is None:
+        return False
+    import ctypes
+    parent = os.getppid()
+    if ctypes.CDLL(None, use_errno=True).prctl(1, int(LAUNCHER_GONE), 0, 0, 0) != 0:  # PR_SET_PDEATHSIG = 1
+        return False
+    if os.getppid() != parent or parent == 1:  # the launcher died before the request took hold
+        os.kill(os.getpid(), LAUNCHER_GONE)
+    return True
 
 
 def init_distributed(device_pref: str = "auto") -> DistInfo:

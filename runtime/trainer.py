@@ -38,7 +38,7 @@ from optim import clip_grad_norm, lr_at, set_lr
 from runtime.build import build_training_model
 from runtime.checkpoint import complete_checkpoints, load_checkpoint, load_extra, save_checkpoint
 from kernel.config import ConfigError, resume_conflicts
-from runtime.dist import DistInfo, StopConsensus
+from runtime.dist import LAUNCHER_GONE, DistInfo, StopConsensus
 from runtime.guard import NonFiniteGuard, describe, state_is_finite
 from runtime.logging import RunLogger, git_commit
 from runtime.metrics import mfu, peak_flops
@@ -417,7 +417,8 @@ class Trainer:
 
 class _stop_on_signals:
     """SIGTERM/SIGINT ask every rank to stop at the same step (StopConsensus); a second one acts at once, as usual.
-    Signal handlers can only be set from the main thread: elsewhere (a test's thread) this does nothing."""
+    The launcher's death (runtime/dist.py, LAUNCHER_GONE; Linux may send it more than once) asks the same, every
+    time. Signal handlers can only be set from the main thread: elsewhere (a test's thread) this does nothing."""
 
     def __init__(self, stop: StopConsensus):
         self.stop = stop
@@ -425,12 +426,19 @@ class _stop_on_signals:
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
-            self.previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+            signals = (signal.SIGTERM, signal.SIGINT) + ((LAUNCHER_GONE,) if LAUNCHER_GONE is not None else ())
+            self.previous = {s: signal.getsignal(s) for s in signals}
             for s in self.previous:
                 signal.signal(s, self._request)
         return self
 
     def _request(self, signum, _frame):
+        if signum == LAUNCHER_GONE:
+            if not self.stop.requested:
+                print("warning: the launcher (torchrun's agent) is gone: this rank checkpoints the current step "
+                      "and exits", file=sys.stderr)
+            self.stop.requested = True
+            return
         self.stop.requested = True
         signal.signal(signum, self.previous[signum])
 

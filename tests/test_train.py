@@ -4,6 +4,7 @@ stops, and the run directory's contract. One file (about 430 lines) because its 
 from __future__ import annotations
 
 import os
+import sys
 import signal
 from pathlib import Path
 
@@ -498,6 +499,52 @@ def test_a_stop_seen_by_one_rank_stops_every_rank_at_the_same_step(data_dir, tmp
     spawn(_term_worker, (2, Rendezvous.new(), argv), nprocs=2)
     assert records(tmp_path / "term2", "train")[-1]["step"] == 3
     assert latest_checkpoint(tmp_path / "term2" / "checkpoints").name == "step_00000003"
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc: no psutil)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_workers_end_with_their_launcher(data_dir, tmp_path):  # noqa: F811
+    """torchrun starts each worker in a session of its own: a SIGKILL to the agent alone used to leave both workers
+    training, holding the lock. Now each gets a signal as the agent dies (runtime/dist.py, end_with_launcher): they
+    checkpoint the same step, release the lock and exit, and the same command continues the run."""
+    import subprocess
+    import time
+    from runtime.rundir import lock_run_dir
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
+    argv = args_for(data_dir, tmp_path, "orphan", "train.steps=400", "train.micro_batch=2", "train.eval_every=1000",
+                    "train.ckpt_every=1000")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port", str(free_port()),
+           "train.py", *argv]
+    agent = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+    metrics = tmp_path / "orphan" / "metrics.jsonl"
+    deadline = time.time() + 180
+    while not (metrics.exists() and '"kind": "train"' in metrics.read_text()):
+        assert agent.poll() is None and time.time() < deadline, "the run did not start training"
+        time.sleep(0.2)
+    workers = _children(agent.pid)
+    assert len(workers) == 2
+    agent.kill()  # the agent alone, as a scheduler's SIGKILL to the launcher
+    agent.wait()
+    deadline = time.time() + 120
+    while any(Path(f"/proc/{w}").exists() and "zombie" not in Path(f"/proc/{w}/status").read_text() for w in workers):
+        assert time.time() < deadline, "the workers went on without their launcher"
+        time.sleep(0.2)
+    step = records(tmp_path / "orphan", "train")[-1]["step"]
+    assert 0 < step < 400 and latest_checkpoint(tmp_path / "orphan" / "checkpoints").name == f"step_{step:08d}"
+    lock_run_dir(tmp_path / "orphan").release()  # free: the same command would continue
 
 
 def test_a_config_error_under_torchrun_is_said_once(tmp_path):
