@@ -1,63 +1,21 @@
 """Which checkpoint a run resumes from (runtime/trainer.py, `Trainer.resume`): the newest complete one whose files all
 read, every newer damaged one moved into `checkpoints/set_aside/` (never deleted), or the step a user names with
-`--resume-step` (docs/reliability.md). Reading a checkpoint here loads no tensor: it checks that each file opens and
-that DCP's data files hold the bytes its metadata names."""
+`--resume-step` (docs/reliability.md). Whether a checkpoint reads is runtime/checkpoint.py's `damaged_files`."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
-import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint import FileSystemReader
 
-from runtime.checkpoint import EXTRA_FILE, MARKER, STEP_DIR, CheckpointError, complete_checkpoints, read_marker
+from runtime.checkpoint import CheckpointError, complete_checkpoints, damaged_files
 from runtime.files import atomic_write, fsync_dir
 
 SET_ASIDE = "set_aside"  # <run>/checkpoints/set_aside/: checkpoints a resume passed over, moved there, never deleted
 # <run>/checkpoints/rolled_back.json: the step the last --resume-step returned to. A requeued job script that keeps
 # the flag then continues the run instead of rolling it back on every restart.
 ROLLED_BACK = "rolled_back.json"
-
-
-def damaged_files(path: Path) -> list[str]:
-    """The files of checkpoint `path` that cannot be read, each with why: the marker, extra.pt, every saving rank's
-    RNG file, DCP's metadata, and its data files against the byte ranges the metadata gives them (a truncated or
-    missing shard). Empty: intact as far as reading it without loading the tensors can tell."""
-    path, problems = Path(path), []
-
-    def readable(name: str, read) -> Any:
-        try:
-            return read()
-        except Exception as e:  # noqa: BLE001 - any failure to read is the finding
-            why = e.strerror if isinstance(e, OSError) and e.strerror else f"unreadable: {type(e).__name__}"
-            problems.append(f"{name} ({why})")
-            return None
-    marker = readable(MARKER, lambda: read_marker(path))
-    world = marker.get("world_size") if isinstance(marker, dict) else None
-    if marker is not None and not isinstance(world, int):
-        problems.append(f"{MARKER} (no world_size)")
-    extra = readable(EXTRA_FILE, lambda: torch.load(path / EXTRA_FILE, weights_only=True, map_location="cpu"))
-    # One checkpoint, one step: its folder's name, its marker and the step it restores must agree.
-    named = STEP_DIR.match(path.name)
-    steps = {"folder name": int(named.group(1)) if named else None,
-             MARKER: marker.get("step") if isinstance(marker, dict) else None,
-             EXTRA_FILE: extra.get("step") if isinstance(extra, dict) else None}
-    if len({v for v in steps.values() if v is not None}) > 1:
-        problems.append("steps disagree (" + ", ".join(f"{k} {v}" for k, v in steps.items() if v is not None) + ")")
-    for r in range(world if isinstance(world, int) else len(list(path.glob("rng_rank*.pt")))):
-        readable(f"rng_rank{r}.pt", lambda r=r: torch.load(path / f"rng_rank{r}.pt", weights_only=True))
-    metadata = readable(".metadata", lambda: FileSystemReader(str(path)).read_metadata())
-    if metadata is not None:
-        needed: dict[str, int] = {}
-        for info in metadata.storage_data.values():
-            needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
-        for name, size in sorted(needed.items()):
-            have = (path / name).stat().st_size if (path / name).is_file() else None
-            if have is None or have < size:
-                problems.append(f"{name} ({'missing' if have is None else f'truncated: {have:,} of {size:,} bytes'})")
-    return problems
 
 
 def set_aside(path: Path, why: str) -> Path:

@@ -36,14 +36,14 @@ from data.prepare import ensure_prepared
 from data.shards import load_meta
 from optim import clip_grad_norm, lr_at, set_lr
 from runtime.build import build_training_model
-from runtime.checkpoint import complete_checkpoints, load_checkpoint, load_extra, save_checkpoint
+from runtime.checkpoint import complete_checkpoints, damaged_files, load_checkpoint, load_extra, save_checkpoint
 from kernel.config import ConfigError, resume_conflicts
 from runtime.dist import LAUNCHER_GONE, DistInfo, StopConsensus
 from runtime.guard import NonFiniteGuard, describe, state_is_finite
 from runtime.logging import RunLogger, git_commit
 from runtime.metrics import mfu, peak_flops
 from runtime.moe import moe_step_end
-from runtime.resume_point import damaged_files, resume_point
+from runtime.resume_point import resume_point
 from runtime.telemetry import HeadroomWatch, norm_headroom, scale_telemetry
 
 if TYPE_CHECKING:  # the type only: the root config.py composes the sections, nothing below imports it

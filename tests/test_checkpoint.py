@@ -72,7 +72,7 @@ def test_round_trip_is_bit_identical_including_rng(tmp_path: Path) -> None:
     assert [_step(model2, opt2) for _ in range(3)] == ref
     for p, q in zip(model.parameters(), model2.parameters()):
         assert torch.equal(p, q)
-    assert read_marker(path) == {"step": 2, "world_size": 1, "torch": torch.__version__}
+    assert read_marker(path) == {"step": 2, "world_size": 1, "torch": torch.__version__, "checksums": True}
 
 
 def test_layout_on_disk(tmp_path: Path) -> None:
@@ -181,3 +181,18 @@ def test_a_crash_mid_save_never_looks_complete(tmp_path: Path, monkeypatch: pyte
     assert latest_checkpoint(tmp_path) == good
     assert _save(tmp_path, 2) == latest_checkpoint(tmp_path)  # the next save cleans up and succeeds
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000001", "step_00000002"]
+
+
+def test_a_files_crc32_is_zlibs_over_its_chunks_and_the_cost_harness_prints_it(tmp_path, monkeypatch, capsys):
+    """file_crc32 streams the file in chunks: the same CRC-32 as zlib's over the whole bytes, across chunk edges."""
+    import zlib
+
+    import runtime.checkpoint as ckpt
+    from harness import checksum_cost
+    monkeypatch.setattr(ckpt, "_CHUNK", 1000)
+    data = bytes(range(256)) * 20  # 5,120 bytes: 5 full chunks and a partial one
+    (tmp_path / "f").write_bytes(data)
+    assert ckpt.file_crc32(tmp_path / "f") == zlib.crc32(data)
+    assert checksum_cost.main(["--gib", "0.001", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "read + CRC-32: " in out and "the checksum adds " in out

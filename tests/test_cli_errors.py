@@ -105,9 +105,18 @@ def test_sample_a_damaged_checkpoint(run_dir, tmp_path, capsys):
     for f in (run_dir / "checkpoints" / "step_00000001").iterdir():
         ckpt.joinpath(f.name).write_bytes(f.read_bytes())
     shard = next(ckpt.glob("*.distcp"))
-    shard.write_bytes(shard.read_bytes()[:200])
+    whole = shard.read_bytes()
+    shard.write_bytes(whole[:200])
     error(sample.main, ["--run", str(run_dir), "--checkpoint", str(ckpt)], capsys, "truncated or damaged",
           "move", "aside")
+    # changed in place, its size kept: the checksum its saving rank wrote finds it, and nothing is sampled
+    shard.write_bytes(whole[:100] + bytes(b ^ 0xFF for b in whole[100:164]) + whole[164:])
+    error(sample.main, ["--run", str(run_dir), "--checkpoint", str(ckpt)], capsys, "changed in place: CRC-32")
+    error(export_hf.main, ["--config", str(run_dir / "config.yaml"), "--checkpoint", str(ckpt), "--out",
+                           str(tmp_path / "hf")], capsys, "changed in place: CRC-32")
+    shard.write_bytes(whole)
+    (ckpt / "extra.pt").write_bytes(b"")  # an empty extra.pt: one line, not torch.load's EOFError traceback
+    error(sample.main, ["--run", str(run_dir), "--checkpoint", str(ckpt)], capsys, "extra.pt (unreadable: EOFError)")
 
 
 # -------------------------------------------------------------------------------------- export_hf, inspect_model

@@ -104,6 +104,12 @@ def _damage(ckpt: Path, how: str) -> None:
         (ckpt / "COMPLETE").write_text("{not json")
     elif how == "rng":
         (ckpt / "rng_rank0.pt").unlink()
+    elif how == "4 KiB flipped in place":  # the size kept: only the checksum sees it
+        shard = next(ckpt.glob("*.distcp"))
+        data = bytearray(shard.read_bytes())
+        mid = len(data) // 2
+        data[mid:mid + 4096] = bytes(b ^ 0xFF for b in data[mid:mid + 4096])
+        shard.write_bytes(bytes(data))
     elif how == "extra.pt of step 2":  # whole and readable, but it would restore another step
         (ckpt / "extra.pt").write_bytes((ckpt.parent / "step_00000002" / "extra.pt").read_bytes())
     elif how == "marker of step 2":
@@ -113,8 +119,8 @@ def _damage(ckpt: Path, how: str) -> None:
         (ckpt / how).write_bytes(b"garbage")
 
 
-@pytest.mark.parametrize("how", ["shard", "marker", "rng", "extra.pt", ".metadata", "extra.pt of step 2",
-                                 "marker of step 2"])
+@pytest.mark.parametrize("how", ["shard", "marker", "rng", "extra.pt", ".metadata", "4 KiB flipped in place",
+                                 "extra.pt of step 2", "marker of step 2"])
 def test_a_damaged_checkpoint_is_set_aside_for_the_one_before(data_dir, tmp_path, capsys, how):  # noqa: F811
     """The newest checkpoint damaged in any of its files, or whose folder name, marker and saved step disagree:
     moved into checkpoints/set_aside/ with a WHY, the one before it loaded, metrics.jsonl trimmed to it, and the run
@@ -131,6 +137,8 @@ def test_a_damaged_checkpoint_is_set_aside_for_the_one_before(data_dir, tmp_path
     assert (aside / "WHY").read_text().startswith("damaged: ")
     if how.endswith("of step 2"):
         assert "steps disagree (folder name 4, " in (aside / "WHY").read_text()
+    if how == "4 KiB flipped in place":
+        assert ".distcp (changed in place: CRC-32 " in (aside / "WHY").read_text()
     assert [r["step"] for r in records(tmp_path / "dmg", "train")] == list(range(1, 7))
     reference = args_for(data_dir, tmp_path, "ref", "train.ckpt_every=2", "train.eval_every=100")
     train.main(reference)
