@@ -23,7 +23,7 @@ SCALE = (Role.SCALE_INPUT, Role.SCALE_OUTPUT)
 
 def test_a_unified_block_holds_four_scale_tensors():
     """HG + DNP + OR: 10 vectors per block, α and β each, in 2 banks of 2 tensors; the head's 2 keep theirs."""
-    model = build_model(preset_model_cfg("unified"))
+    model = build_model(preset_model_cfg("unified_literal"))
     roles = model.param_roles()
     scale = [n for n, r in roles.items() if r in SCALE]
     assert sorted(n for n in scale if n.startswith("layers.0.")) == [
@@ -60,7 +60,7 @@ def test_a_banked_vector_is_its_own_vector(reparam):
 
 
 def test_init_makes_every_banked_vector_one():
-    model = build_model(preset_model_cfg("unified"))
+    model = build_model(preset_model_cfg("unified_literal"))
     for _, sv in model.scale_vectors():
         assert torch.equal(sv(), torch.ones_like(sv())), sv
 
@@ -69,7 +69,7 @@ def test_init_makes_every_banked_vector_one():
 
 def _trained(seed: int) -> tuple[Llama, torch.optim.Optimizer]:
     """The unified model after 2 AdamW steps on random tokens (vectors randomized: every slice differs)."""
-    model = build_model(preset_model_cfg("unified"), dtype=torch.float64)
+    model = build_model(preset_model_cfg("unified_literal"), dtype=torch.float64)
     randomize_vectors(model, seed)
     opt = build_optimizer(model, model.param_roles(), OptimConfig(lr=1e-2), fused=True)
     gen = torch.Generator().manual_seed(seed)

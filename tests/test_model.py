@@ -183,7 +183,7 @@ def test_roles_cover_every_parameter_once(name):
 
 
 def test_unified_roles_input_vs_output():
-    roles = vector_roles(meta_model(preset_model_cfg("unified")))
+    roles = vector_roles(meta_model(preset_model_cfg("unified_literal")))
     for n, role in roles.items():
         if ".in_scale." in n or n.startswith("norm.scale"):
             assert role == Role.SCALE_INPUT, n
@@ -223,7 +223,7 @@ def test_rms_normalize_matches_paper_norm():
 
 
 def test_dnp_lm_head_normalizes_over_vocab():
-    model = build_model(preset_model_cfg("unified"), dtype=torch.float64)
+    model = build_model(preset_model_cfg("unified_literal"), dtype=torch.float64)
     with torch.no_grad():
         logits = model(TOKENS)
     # not rounding: the Norm's ε. mean(y²) = ms/(ms + ε) = 1 − ε/(ms + ε) ≥ 1 − 2e-3 for the pre-norm logits' ms ≥ 5e-3
@@ -231,7 +231,7 @@ def test_dnp_lm_head_normalizes_over_vocab():
 
 
 def test_init_is_independent_of_world_and_reproducible():
-    cfg = preset_model_cfg("unified")
+    cfg = preset_model_cfg("unified_literal")
     a, b = build_model(cfg, seed=3), build_model(cfg, seed=3)
     for (n, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
         assert torch.equal(p, q), n
@@ -346,7 +346,7 @@ def test_input_side_magnitudes_in_the_telemetry():
     """Each input-side vector's magnitude is logged on its own key: OR's β with its sign (a sign change shows), ER's
     e^β, a direct vector's RMS, banked or not (runtime/telemetry.py)."""
     from runtime.telemetry import scale_telemetry
-    for name, reparam in (("unified", "or"), ("hg_dnp_er", "er"), ("baseline", "direct")):
+    for name, reparam in (("unified_literal", "or"), ("hg_dnp_er", "er"), ("baseline", "direct")):
         model = build_model(preset_model_cfg(name), "cpu").double()
         model.init_weights(0)
         q = model.layers[1].attn.q_proj.in_scale if name != "baseline" else model.layers[1].attn_norm.scale

@@ -8,9 +8,12 @@ from scripts import bench, inspect_model
 def test_inspect_model_json(capsys):
     assert inspect_model.main(["--config", "configs/dense_0.12b_unified.yaml", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert info["total_params"] == 119_846_846
-    assert info["non_embedding_params"] == 119_846_846 - 50304 * 768
-    assert info["scale_params"] == info["by_role"]["scale_input"] + info["by_role"]["scale_output"] == 102_590 + 9_984
+    # the paper's 0.11985B (docs/paper.md §5) less the 31 magnitudes only an inner Norm reads (6 layers × 5 branches
+    # and the LM head), which configs/scale/unified.yaml removes
+    assert info["total_params"] == 119_846_846 - 31
+    assert info["non_embedding_params"] == 119_846_846 - 31 - 50304 * 768
+    assert info["scale_params"] == info["by_role"]["scale_input"] + info["by_role"]["scale_output"] == \
+        102_590 + 9_984 - 31
     assert info["flops_per_token"] > 6 * info["non_embedding_params"]
 
 

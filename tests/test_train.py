@@ -108,7 +108,8 @@ BF16_EXTRA = ("train.dtype=bfloat16", "train.compile=false", "train.steps=3", "t
 
 # optim.scale_wd_invariant=false on a MoE: each block's bank of input-side β decays at the router's entry alone (its
 # only entry outside an inner Norm), so the masked decay runs on a bank FSDP2 shards over the ranks.
-SPARED = ("model.moe={n_experts: 4, top_k: 2, n_shared: 1}", "optim.scale_wd_invariant=false", *fsdp_extra("adamw"))
+SPARED = ("model.moe={n_experts: 4, top_k: 2, n_shared: 1}", "model.scale.invariant_magnitude=keep",
+          "optim.scale_wd_invariant=false", *fsdp_extra("adamw"))
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from repro import magnitudes
 def unified_run(data_dir, tmp_path_factory):  # noqa: F811
     out = tmp_path_factory.mktemp("magnitudes")
     train.main(args_for(data_dir, out, "u", "train.steps=3", "schedule.warmup_steps=1", "train.eval_every=100",
-                        "train.ckpt_every=3"))
+                        "train.ckpt_every=3", "model.scale.invariant_magnitude=keep"))  # the paper's magnitudes
     return out
 
 
