@@ -37,6 +37,7 @@ import torch
 from data.composition import Composition, composition, document_starts
 from data.loader import _open_split, val_batches
 from data.shards import DataError, load_meta
+from data.verify import out_of_vocab
 
 SAMPLES = ("prefix", "mixture")
 SHUFFLE_SEED = 0xE7A1  # the eval documents' order: a constant, never train.seed
@@ -124,6 +125,10 @@ class EvalSet:
         for k, (group, n, name, share) in enumerate(zip(groups, planned, names, shares)):
             order = group[np.random.default_rng([SHUFFLE_SEED, k]).permutation(len(group))]
             streams.append(Stream(name, n, share, _stream(shards, starts[order], lengths[order], n * seq_len + 1)))
+            problem = out_of_vocab(data_dir / "val_*.bin", streams[-1].tokens, int(meta.tokenizer["n_vocab"]),
+                                   data_dir, meta)
+            if problem:
+                raise DataError(problem)
         if not any(s.windows for s in streams):
             raise DataError(f"{data_dir}: the val split ({total} tokens) makes no window of {seq_len + 1} tokens "
                             f"within eval_tokens={eval_tokens}; raise eval_tokens or lower seq_len")

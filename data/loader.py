@@ -50,6 +50,7 @@ import torch
 
 from data.prefetch import Producer
 from data.shards import DataError, Meta, load_meta, open_shard
+from data.verify import out_of_vocab
 
 STATE_VERSION = 3  # 1: the per-rank micro-batch count `step` (position = step·B·ws); 1–2: the materialized order
 FEISTEL_ROUNDS = 6  # ≥ 4 makes a Feistel network a pseudo-random permutation (Luby–Rackoff); 6 for margin
@@ -191,8 +192,10 @@ class TrainLoader:
         self.seq_len, self.micro_batch, self.rank, self.world_size, self.seed = (
             seq_len, micro_batch, rank, world_size, seed)
         meta = load_meta(self.data_dir)
+        self.meta, self.n_vocab = meta, int(meta.tokenizer["n_vocab"])
         self.fingerprint = meta.fingerprint
         self.shards = _open_split(self.data_dir, meta, "train")
+        self.files = [self.data_dir / s.file for s in meta.splits["train"].shards]
         # windows in shard s: starts 0, L, 2L, … while start + L + 1 ≤ len(shard)
         per_shard = np.array([max(0, (len(a) - 1) // seq_len) for a in self.shards], dtype=np.int64)
         self.n_windows = int(per_shard.sum())
@@ -269,6 +272,10 @@ class TrainLoader:
         for s in np.unique(shard):
             sel = np.flatnonzero(shard == s)
             win = self.shards[s][starts[sel, None] + np.arange(L + 1)]  # (b_s, L + 1)
+            if int(win.max()) >= self.n_vocab:  # a shard changed after it was prepared: never an IndexError later
+                row = int(np.argmax((win >= self.n_vocab).any(axis=1)))
+                raise DataError(out_of_vocab(self.files[s], win[row], self.n_vocab, self.data_dir, self.meta,
+                                             int(starts[sel][row])))
             rows[0, sel] = win[:, :-1]
             rows[1, sel] = win[:, 1:]
         return out
@@ -367,7 +374,11 @@ def val_batches(data_dir: str | Path, seq_len: int, micro_batch: int, rank: int 
                 max_tokens: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """The first max_tokens (None: all) tokens of the val split as (x, y) batches for this rank (module doc)."""
     data_dir = Path(data_dir)
-    tokens = _read_prefix(_open_split(data_dir, load_meta(data_dir), "val"), max_tokens)
+    meta = load_meta(data_dir)
+    tokens = _read_prefix(_open_split(data_dir, meta, "val"), max_tokens)
+    problem = out_of_vocab(data_dir / "val_*.bin", tokens, int(meta.tokenizer["n_vocab"]), data_dir, meta)
+    if problem:
+        raise DataError(problem)
     n = max(0, (len(tokens) - 1) // seq_len)
     per_rank = n // world_size
     if per_rank == 0:

@@ -1,7 +1,7 @@
-"""What a checkpoint's checksums cost (runtime/checkpoint.py, `file_crc32`): the CRC-32 of a file of --gib GiB of
-random bytes, read from the page cache (a save sums the files it has just written; a resume reads a checkpoint
-that a fresh machine may have to fetch from disk first, which this does not time), and the same file's plain read
-beside it, in alternating rounds.
+"""What the checksums cost: a checkpoint's (runtime/checkpoint.py, `file_crc32`) and a data shard's (data/verify.py,
+sha256), each over a file of --gib GiB of random bytes read from the page cache (a save sums the files it has just
+written; a resume, or a run's first look at its shards, may read them from disk first, which this does not time),
+beside the same file's plain read, in alternating rounds.
 
     python -m harness.checksum_cost                  # 1 GiB, 5 rounds
     python -m harness.checksum_cost --gib 4 --repeats 3
@@ -12,6 +12,7 @@ written to a temporary folder and removed.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import statistics
 import sys
@@ -34,22 +35,28 @@ def main(argv: list[str] | None = None) -> int:
             while f.read(_CHUNK):
                 pass
     size = int(args.gib * 2**30)
-    times: dict[str, list[float]] = {"read": [], "read + CRC-32": []}
+    def sha256(path: Path) -> None:
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                digest.update(chunk)
+    times: dict[str, list[float]] = {"read": [], "read + CRC-32": [], "read + sha256": []}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "shard.distcp"
         with open(path, "wb") as f:
             for _ in range(0, size, _CHUNK):
                 f.write(os.urandom(min(_CHUNK, size - f.tell())))
         for i in range(args.repeats + 1):
-            for name, fn in (("read", read), ("read + CRC-32", file_crc32)):
+            for name, fn in (("read", read), ("read + CRC-32", file_crc32), ("read + sha256", sha256)):
                 t0 = time.perf_counter()
                 fn(path)
                 if i:  # the first round warms the page cache
                     times[name].append((time.perf_counter() - t0) / args.gib)
     for name, ts in times.items():
         print(f"{name}: {statistics.median(ts):.3f} s/GiB [{min(ts):.3f}–{max(ts):.3f}]")
-    extra = statistics.median(a - b for a, b in zip(times["read + CRC-32"], times["read"]))
-    print(f"the checksum adds {extra:.3f} s/GiB over the read ({1 / max(extra, 1e-9):.2f} GiB/s)")
+    for name in ("CRC-32", "sha256"):
+        extra = statistics.median(a - b for a, b in zip(times[f"read + {name}"], times["read"]))
+        print(f"{name} adds {extra:.3f} s/GiB over the read ({1 / max(extra, 1e-9):.2f} GiB/s)")
     return 0
 
 

@@ -33,7 +33,8 @@ from torch.distributed.fsdp import FSDPModule
 from data.evalset import EvalSet
 from data.loader import TrainLoader, batch_digest, resolve_prefetch
 from data.prepare import ensure_prepared
-from data.shards import load_meta
+from data.shards import DataError, load_meta
+from data.verify import ShardCheck
 from optim import clip_grad_norm, lr_at, set_lr
 from runtime.build import build_training_model
 from runtime.checkpoint import complete_checkpoints, damaged_files, load_checkpoint, load_extra, save_checkpoint
@@ -127,6 +128,7 @@ class Trainer:
         self.run_dir = Path(cfg.log.out_dir) / (cfg.log.run_name or "run")
         self.ckpt_dir = self.run_dir / "checkpoints"
         self.headroom_watch = HeadroomWatch(cfg.model.scale.invariant_magnitude, cfg.log.headroom_warn)
+        self.shard_check: Optional[ShardCheck] = None  # the data dir's shards, checked in the background (for_run)
 
     @classmethod
     def for_run(cls, cfg: RunConfig, di: DistInfo, resume_step: Optional[int] = None) -> "Trainer":
@@ -159,6 +161,8 @@ class Trainer:
             if di.is_main:  # auto chooses from the hardware (runtime/precision.py): say what, and why
                 print(trainer.precision.describe())
             trainer.resume(resume_step)
+            if di.is_main:  # off the first step's path: a bad shard stops every rank at one step (fit)
+                trainer.shard_check = ShardCheck(cfg.data.dir, loader.meta)
         except BaseException:
             loader.close()
             raise
@@ -339,6 +343,8 @@ class Trainer:
                     out = self.step(metrics=logging_now)
                     window_tokens += self.tokens_per_step
                     evaluating = step % t.eval_every == 0 or step == t.steps
+                    if self.shard_check is not None and self.shard_check.problem:
+                        stop.requested = True  # every rank checkpoints this step and stops with it
                     stopping = stop.any_rank() or step == stop_at_step  # host values only
                     saving = step % t.ckpt_every == 0 or step == t.steps or stopping
                     if not (logging_now or evaluating or saving):
@@ -367,6 +373,9 @@ class Trainer:
                         self.save()
                     window_t0 += time.perf_counter() - paused_at
                     if stopping:
+                        if self.shard_check is not None and self.shard_check.problem:
+                            raise DataError(f"{self.shard_check.problem} (the run checkpointed step {step} and "
+                                            "stopped; once the data is prepared again, the same command resumes)")
                         if di.is_main:
                             print(f"stopped: checkpointed step {step}; run the same command to resume")
                         break

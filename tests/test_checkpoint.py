@@ -195,4 +195,4 @@ def test_a_files_crc32_is_zlibs_over_its_chunks_and_the_cost_harness_prints_it(t
     assert ckpt.file_crc32(tmp_path / "f") == zlib.crc32(data)
     assert checksum_cost.main(["--gib", "0.001", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
-    assert "read + CRC-32: " in out and "the checksum adds " in out
+    assert "read + CRC-32: " in out and "CRC-32 adds " in out and "sha256 adds " in out

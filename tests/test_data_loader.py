@@ -4,6 +4,7 @@ shards and mismatched state. One file (about 430 lines) over the loader's one sy
 from __future__ import annotations
 
 import gc
+import json
 import subprocess
 import sys
 import threading
@@ -18,7 +19,7 @@ import torch
 from data.loader import (TrainLoader, batch_digest, read_meta, resolve_prefetch, val_batches,
                          window_order)
 from data.prefetch import PREFETCH_DEPTH
-from data.shards import DataError, Meta, ShardInfo, SplitInfo, shard_name, write_meta, write_shard
+from data.shards import DataError, Meta, ShardInfo, SplitInfo, load_meta, shard_name, write_meta, write_shard
 
 GPT2_INFO = {"spec": "gpt2", "name": "gpt2", "ranks_hash": "x" * 64, "n_vocab": 50257, "eot": 50256}
 
@@ -379,6 +380,50 @@ def test_truncated_or_corrupted_shard_names_the_file(tmp_path):
     val.write_bytes(b"NOTMAGIC" + val.read_bytes()[8:])
     with pytest.raises(DataError, match=r"val_000000\.bin is corrupted or not a scalevec shard"):
         next(val_batches(d, 16, 2))
+
+
+def _poke(shard: Path, at: int, value: int) -> None:
+    """Overwrite token `at` of a uint16 shard in place, its size kept (as a bad disk or a stray write would)."""
+    from data.shards import HEADER_BYTES
+    with open(shard, "r+b") as f:
+        f.seek(HEADER_BYTES + 2 * at)
+        f.write(int(value).to_bytes(2, "little"))
+
+
+def test_an_id_outside_the_vocabulary_names_its_shard_and_the_command(tmp_path):
+    """An id past the vocabulary (a shard edited in place) would be an IndexError deep in the model, a device-side
+    assert on a GPU: the batch that reads it is refused in one line naming the shard, the token and the command."""
+    d = make_dir(tmp_path / "d", train=[400, 400], val=[100], n_vocab=1000)
+    _poke(d / "train_000001.bin", 37, 1000 + 5)
+    loader = TrainLoader(d, 8, 100)  # 100 windows of 8: every window of both shards in the first batch
+    with pytest.raises(DataError, match=r"train_000001\.bin holds token id 1005 at token 37, outside the "
+                                        r"tokenizer's 1,000 ids: .* python -m data\.prepare --source synthetic "
+                                        r"--tokenizer .* --out .*d --force"):
+        loader.next_batch()
+    _poke(d / "val_000000.bin", 3, 4000)
+    with pytest.raises(DataError, match=r"holds token id 4000 at token 3"):
+        next(val_batches(d, 16, 2))
+
+
+def test_the_background_check_finds_an_edit_in_place_and_caches_what_passed(tmp_path, monkeypatch):
+    """Ids still inside the vocabulary, but not what data.prepare wrote: meta.json's sha256 finds it. A shard that
+    passed is cached in verified.json by size and time, so a later check reads it no more."""
+    from data import verify
+    d = make_dir(tmp_path / "d", train=[400, 400], val=[100], n_vocab=1000)
+    check = verify.ShardCheck(d, load_meta(d))
+    assert check.done.wait(30) and check.problem is None
+    assert sorted(json.loads((d / verify.VERIFIED).read_text())) == ["train_000000.bin", "train_000001.bin",
+                                                                     "val_000000.bin"]
+    calls = []
+    monkeypatch.setattr(verify, "check_shard", lambda *a: calls.append(a[0]) or None)
+    again = verify.ShardCheck(d, load_meta(d))
+    assert again.done.wait(30) and calls == []
+    monkeypatch.undo()
+    _poke(d / "train_000001.bin", 10, 7)  # a valid id, another time stamp
+    edited = verify.ShardCheck(d, load_meta(d))
+    assert edited.done.wait(30)
+    assert "train_000001.bin is not what data.prepare wrote (its sha256 differs" in edited.problem
+    assert "--force" in edited.problem
 
 
 def test_missing_dir_and_missing_split(tmp_path):

@@ -15,6 +15,7 @@ import pytest
 import train
 from kernel.config import ConfigError
 from multiproc import Rendezvous, spawn
+from data.shards import DataError
 from runtime.checkpoint import CheckpointError
 from runtime.rundir import LOCK_FILE, RunDirError, lock_run_dir
 from test_train import _error_worker, args_for, data_dir, final_params, records  # noqa: F401 - data_dir is a fixture
@@ -208,6 +209,27 @@ def test_metrics_lost_behind_a_checkpoint_are_said_and_its_eval_redone(data_dir,
     train.main(reference)
     evals = {r["step"]: r["val_loss"] for r in records(tmp_path / "cut", "eval")}
     assert evals == {r["step"]: r["val_loss"] for r in records(tmp_path / "whole", "eval")}
+
+
+def test_a_shard_changed_in_place_stops_the_run_at_a_checkpoint(data_dir, tmp_path):  # noqa: F811
+    """A train shard edited in place with ids still inside the vocabulary: the background check (data/verify.py)
+    finds it against meta.json's sha256, and every rank checkpoints one step and stops with the shard named and the
+    command that prepares it again."""
+    import shutil
+    from data.shards import HEADER_BYTES
+    data = tmp_path / "prepared"
+    shutil.copytree(data_dir.dir, data)
+    shard = next(data.glob("train_*.bin"))
+    raw = bytearray(shard.read_bytes())
+    raw[HEADER_BYTES:HEADER_BYTES + 4] = raw[HEADER_BYTES + 2:HEADER_BYTES + 4] + raw[HEADER_BYTES:HEADER_BYTES + 2]
+    shard.write_bytes(bytes(raw))  # two tokens swapped: every id valid, the bytes not what was prepared
+    argv = args_for(data_dir, tmp_path, "edited", "train.steps=400", "train.eval_every=1000", "train.ckpt_every=1000",
+                    f"data.dir={data}")
+    with pytest.raises(DataError, match=r"train_000000\.bin is not what data\.prepare wrote .* --force \(the run "
+                                        r"checkpointed step (\d+) and stopped; once the data is prepared again"):
+        train.main(argv)
+    step = records(tmp_path / "edited", "train")[-1]["step"]
+    assert step < 400 and (tmp_path / "edited" / "checkpoints" / f"step_{step:08d}").is_dir()
 
 
 def test_a_full_disk_under_the_metrics_is_one_line_and_resumes(data_dir, tmp_path, monkeypatch):  # noqa: F811
