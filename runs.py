@@ -36,11 +36,22 @@ def read_metrics(run: Path) -> list[dict]:
         except ValueError:
             record = None
         if isinstance(record, dict):
+            bad = [k for k in NUMERIC if k in record and not _number(record[k])]
+            if bad:
+                raise MetricsError(f"{path}, line {i}: {bad[0]} is {record[bad[0]]!r}, not a number: the file was "
+                                   "edited; repair or remove that line")
             records.append(record)
         elif i != lines[-1][0]:
             raise MetricsError(f"{path}, line {i}, is not a JSON record: the file is damaged; remove or repair that "
                                "line")
     return records
+
+
+NUMERIC = ("step", "tokens", "loss", "val_loss")  # the keys every reader computes with
+
+
+def _number(v) -> bool:
+    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
 
 
 def series(records: list[dict], metric: str, x: str) -> tuple[list[float], list[float]]:
@@ -83,6 +94,11 @@ class Run:
     @property
     def final_val_loss(self) -> Optional[float]:
         return self.final_eval["val_loss"] if self.final_eval else None
+
+    @property
+    def last_step(self) -> int:
+        """The last step any record reached: a cut last eval line does not hide the train records before it."""
+        return max((r["step"] for r in self.records if r.get("step") is not None), default=0)
 
     @property
     def final_tokens(self) -> int:

@@ -125,9 +125,10 @@ def _user_errors() -> tuple[type[BaseException], ...]:
             LaunchError, RunDirError)
 
 
-if __name__ == "__main__":
+def cli(argv: Optional[list[str]] = None) -> int:
+    """`python train.py`: main, with a user error (or a Ctrl-C outside the loop) said in one line and an exit code."""
     try:
-        main()
+        main(argv)
     except _user_errors() as e:
         # A config error is the same on every rank (each reads the same config): rank 0 says it, once per run.
         # Other errors may be one rank's own (its node's data, its disk), so each rank says its own.
@@ -137,4 +138,13 @@ if __name__ == "__main__":
             # torchrun stops every rank once one exits with an error: were this rank first, it could stop rank 0
             # before rank 0 said why. Rank 0 exits right after saying it; this one waits for that, 30 s at most.
             time.sleep(30)
-        sys.exit(2)
+        return 2
+    except KeyboardInterrupt:  # a Ctrl-C outside the loop (building, resuming), or a second one inside it
+        print("error: interrupted; nothing half-written is trusted: the same command resumes from the newest intact "
+              "checkpoint (or starts the run)", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

@@ -25,6 +25,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import traceback
 import warnings
 import zlib
@@ -149,9 +150,15 @@ def save_checkpoint(ckpt_dir: Path, step: int, model: nn.Module, optimizer: Opti
         fsync_dir(ckpt_dir)
         marker = {"step": step, "world_size": d.world, "torch": torch.__version__, "checksums": True}
         atomic_write(final / MARKER, json.dumps(marker).encode())
-        _prune(ckpt_dir, keep, just_written=final)
 
     _all_or_nothing(d, commit, step, final, previous, cleanup=None)
+    if d.rank == 0:  # the new checkpoint is complete: a prune that fails costs disk space, not the run
+        try:
+            _prune(ckpt_dir, keep, just_written=final)
+        except OSError as e:
+            print(f"warning: the checkpoint of step {step} is saved, but removing older ones from {ckpt_dir} failed "
+                  f"({e.strerror or type(e).__name__}): they stay; remove them by hand to free the space",
+                  file=sys.stderr)
     return final
 
 

@@ -4,6 +4,7 @@ with kernel/config.py's `resumable`.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
@@ -109,8 +110,15 @@ class LogConfig:
     headroom_warn: float = 1.0
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
+    def __post_init__(self):
+        self.out_dir = os.path.expanduser(self.out_dir)  # "~/runs" as a shell would read it, not a folder named ~
+
     def invariants(self) -> list[tuple[str, str]]:
         bad = [("every", f"{self.every} must be positive")] if self.every <= 0 else []
+        name = self.run_name
+        if name is not None and (name in ("", ".", "..") or "/" in name or os.sep in name or name.startswith("~")):
+            bad.append(("run_name", f"{name!r} must be one folder name inside log.out_dir (no '/', not '.' or "
+                                    "'..'); put the path in log.out_dir"))
         if not (self.headroom_warn >= 0 and self.headroom_warn < float("inf")):
             bad.append(("headroom_warn", f"{self.headroom_warn} must be a finite number ≥ 0 (0: never warn)"))
         return bad

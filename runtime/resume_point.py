@@ -79,7 +79,12 @@ def _choose(ckpt_dir: Path, step: Optional[int]) -> tuple[Optional[str], list[st
             raise CheckpointError(f"--resume-step {step}: {chosen[0]} cannot be read ({'; '.join(problems)})")
         for s, p in complete:
             if s > step:
-                dest = set_aside(p, f"newer than --resume-step {step}")
+                try:
+                    dest = set_aside(p, f"newer than --resume-step {step}")
+                except OSError as e:
+                    why = e.strerror or type(e).__name__
+                    raise CheckpointError(f"--resume-step {step}: {p.name} cannot be set aside ({why}): make "
+                                          f"{ckpt_dir} writable and run again") from None
                 notes.append(f"set {p.name} aside (newer than --resume-step {step}): {dest}")
         atomic_write(ckpt_dir / ROLLED_BACK, json.dumps({"step": step}) + "\n")
         return str(chosen[0]), notes
@@ -87,7 +92,12 @@ def _choose(ckpt_dir: Path, step: Optional[int]) -> tuple[Optional[str], list[st
         problems = damaged_files(p)
         if not problems:
             return str(p), notes
-        dest = set_aside(p, "damaged: " + "; ".join(problems))
+        try:
+            dest = set_aside(p, "damaged: " + "; ".join(problems))
+        except OSError as e:  # a checkpoints folder that cannot be written: say so, move nothing
+            raise CheckpointError(f"checkpoint {p.name} is damaged ({'; '.join(problems)}) and cannot be set aside "
+                                  f"({e.strerror or type(e).__name__}): make {ckpt_dir} writable, or move {p} out of "
+                                  "it by hand, and run the same command again") from None
         notes.append(f"checkpoint {p.name} is damaged ({'; '.join(problems)}): moved to {dest}")
     if notes:  # a run that had checkpoints, none of them intact: starting over is the user's call, not ours
         raise CheckpointError(f"no checkpoint of {ckpt_dir} can be read: {'; '.join(notes)}. To start this run over "

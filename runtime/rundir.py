@@ -17,6 +17,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +83,9 @@ def lock_run_dir(run_dir: Path, rank: int = 0) -> RunLock:
 def _acquire(run_dir: Path) -> RunLock:
     path = run_dir / LOCK_FILE
     made_dir = not run_dir.exists()
+    odd = _not_a_lock_file(path)
+    if odd:
+        raise RunDirError(f"{path} is {odd}, not the run's lock file: remove it (`rm -r {path}`) and run again")
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -118,6 +122,19 @@ def _acquire(run_dir: Path) -> RunLock:
     note = (f"took over the lock of {_who(previous)}, which did not end cleanly (killed, or its machine went down)"
             if previous else None)
     return RunLock(path, fd, note, made_dir)
+
+
+def _not_a_lock_file(path: Path) -> Optional[str]:
+    """What stands where the lock file goes, when it is not a plain file (None: a plain file, or nothing)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return f"a link to {os.readlink(path)}"
+    if stat.S_ISDIR(st.st_mode):
+        return "a directory"
+    return None if stat.S_ISREG(st.st_mode) else "a device or other special file"
 
 
 def write_failure(e: OSError, run_dir: Path) -> RunDirError:

@@ -24,7 +24,7 @@ def table(runs: list[Run]) -> str:
     lines = [f"{'run':<{width}}{'strategy':<12}{'optim':<7}{'lr':>9}{'steps':>15}{'tokens':>16}{'val_loss':>10}"
              f"{'headroom':>10}"]
     for r in sorted(runs, key=lambda r: (r.cfg.optim.lr, r.path.name)):
-        step = r.final_eval["step"] if r.final_eval else 0
+        step = r.last_step
         loss = f"{r.final_val_loss:.4f}" if r.final_val_loss is not None else "-"
         low = r.lowest_headroom
         mark = "  ← best" if r is best else ("" if r.finished else "  (unfinished)")

@@ -159,6 +159,22 @@ def test_plot_skips_the_line_a_running_run_is_writing(tmp_path, capsys):
     assert summarize.main(["--check-finished", str(damaged)]) == 1
 
 
+def test_summarize_reads_a_cut_eval_line_and_refuses_a_hand_edited_one(tmp_path, capsys):
+    """The last eval line cut mid-write: the progress column still shows the last train step, not 0. A val_loss
+    written as a string (a hand edit): one line naming the line and the key, not a format traceback."""
+    from config import load_config
+    cfg = load_config("configs/tiny_cpu.yaml", ["train.steps=2", "schedule.warmup_steps=0"]).to_yaml()
+    evals = json.dumps({"kind": "eval", "step": 0, "tokens": 0, "val_loss": 6.0}) + "\n"
+    cut = metrics_run(tmp_path, "cut", evals + RECORDS + '{"kind": "eval", "step": 2, "tok')
+    (cut / "config.yaml").write_text(cfg)
+    assert summarize.main([str(cut)]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("cut"))
+    assert " 2/2 " in row and "(unfinished)" in row
+    edited = metrics_run(tmp_path, "edited", evals.replace("6.0", '"6.0"') + RECORDS)
+    (edited / "config.yaml").write_text(cfg)
+    error(plot.main, [str(edited), "--out", str(tmp_path / "e.png")], capsys, "line 1: val_loss is '6.0', not a number")
+
+
 @pytest.mark.parametrize("args, words", [
     (["MISSING"], ["does not exist", "run directory"]),
     (["RUN", "--metric", "nosuch"], ["has nosuch", "metrics found: loss"]),  # was: an empty plot, exit 0

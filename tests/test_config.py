@@ -101,6 +101,16 @@ def test_a_number_outside_its_fields_range_is_refused(override, message):
         load_config("configs/tiny_cpu.yaml", [override])
 
 
+@pytest.mark.parametrize("name", [".", "..", "../..", "/abs/run", "a/b", "~run", ""])
+def test_a_run_name_is_one_folder_inside_the_out_dir(name):
+    with pytest.raises(ConfigError, match=r"log\.run_name: .* must be one folder name inside log\.out_dir"):
+        load_config("configs/tiny_cpu.yaml", [f"log.run_name={name!r}"])
+
+
+def test_a_tilde_in_the_out_dir_is_the_home_folder():
+    assert load_config("configs/tiny_cpu.yaml", ["log.out_dir=~/runs"]).log.out_dir == str(Path.home() / "runs")
+
+
 def test_missing_file_is_clear():
     with pytest.raises(ConfigError, match="does not exist"):
         load_config("configs/nope.yaml")

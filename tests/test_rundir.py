@@ -232,6 +232,60 @@ def test_a_shard_changed_in_place_stops_the_run_at_a_checkpoint(data_dir, tmp_pa
     assert step < 400 and (tmp_path / "edited" / "checkpoints" / f"step_{step:08d}").is_dir()
 
 
+@pytest.mark.parametrize("what", ["a directory", "a dangling link", "a link to /dev/null"])
+def test_a_lock_path_that_is_not_a_file_is_named_as_such(tmp_path, what):
+    run = tmp_path / "r"
+    run.mkdir()
+    lock = run / LOCK_FILE
+    if what == "a directory":
+        lock.mkdir()
+    else:
+        lock.symlink_to("/nonexistent" if what == "a dangling link" else "/dev/null")
+    with pytest.raises(RunDirError, match=rf"run\.lock is {what.replace('dangling link', 'link to /nonexistent')}"
+                                          r", not the run's lock file: remove it"):
+        lock_run_dir(run)
+
+
+def test_a_failed_prune_warns_and_the_run_goes_on(data_dir, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """Removing old checkpoints failed (a permission, a busy file): the new checkpoint is complete, so the run says
+    so and trains on; it used to report a failed save, name the wrong resume step, and stop."""
+    import runtime.checkpoint as ckpt
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(ckpt, "_prune", refuse)
+    argv = args_for(data_dir, tmp_path, "prune", "train.ckpt_every=2", "train.eval_every=100", "train.keep_ckpts=1")
+    train.main(argv)
+    err = capsys.readouterr().err
+    assert "the checkpoint of step 2 is saved, but removing older ones" in err and "(Permission denied)" in err
+    assert [r["step"] for r in records(tmp_path / "prune", "train")] == list(range(1, 7))
+
+
+def test_a_damaged_checkpoint_that_cannot_be_set_aside_is_one_line(data_dir, tmp_path, monkeypatch):  # noqa: F811
+    import runtime.resume_point as rp
+    argv = args_for(data_dir, tmp_path, "stuck", "train.ckpt_every=2", "train.eval_every=100")
+    train.main(argv + ["--stop-at-step", "4"])
+    _damage(tmp_path / "stuck" / "checkpoints" / "step_00000004", "shard")
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(rp, "set_aside", refuse)
+    with pytest.raises(CheckpointError, match=r"checkpoint step_00000004 is damaged .* and cannot be set aside "
+                                              r"\(Permission denied\): make .* writable"):
+        train.main(argv)
+
+
+def test_a_ctrl_c_while_resuming_is_one_line(data_dir, tmp_path, monkeypatch, capsys):  # noqa: F811
+    from runtime.trainer import Trainer
+
+    def interrupted(self, step=None):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(Trainer, "resume", interrupted)
+    assert train.cli(args_for(data_dir, tmp_path, "ctrlc")) == 130
+    err = capsys.readouterr().err
+    assert "error: interrupted; nothing half-written is trusted" in err and "Traceback" not in err
+
+
 def test_a_full_disk_under_the_metrics_is_one_line_and_resumes(data_dir, tmp_path, monkeypatch):  # noqa: F811
     """A write the disk refuses outside a checkpoint (here metrics.jsonl at step 5): one RunDirError line, the
     traceback in <run>/errors.log, and the same command resumes from the newest checkpoint."""
