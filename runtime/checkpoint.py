@@ -159,6 +159,7 @@ def save_checkpoint(ckpt_dir: Path, step: int, model: nn.Module, optimizer: Opti
             print(f"warning: the checkpoint of step {step} is saved, but removing older ones from {ckpt_dir} failed "
                   f"({e.strerror or type(e).__name__}): they stay; remove them by hand to free the space",
                   file=sys.stderr)
+    _barrier(d)  # every rank returns to a folder already pruned
     return final
 
 
