@@ -189,8 +189,12 @@ def archive(uniques: list[Unique], out_dir: Path, dest: Path) -> int:
     ending in .jsonl.gz is a compact archive: one file, its first line the ledger, then a line per run (name and
     files), gzipped without a time stamp, so the same runs give the same bytes. Otherwise a folder of run folders;
     one that holds anything else is refused (it is not an archive). Returns the number of runs archived."""
-    finished = [u.job.run_name for u in uniques if (out_dir / u.job.run_name / "config.yaml").exists()
-                and load_run(out_dir / u.job.run_name).finished]
+    return archive_runs([u.job.run_name for u in uniques], out_dir, dest)
+
+
+def archive_runs(names: list[str], out_dir: Path, dest: Path) -> int:
+    """`archive` of the run directories `names` in `out_dir` (the finished ones)."""
+    finished = [n for n in names if (out_dir / n / "config.yaml").exists() and load_run(out_dir / n).finished]
     ledger = json.loads((out_dir / CpuLedger.FILE).read_text()) if (out_dir / CpuLedger.FILE).exists() else None
     if is_compact(dest):
         _write_compact(Path(dest), ledger, {name: {f: (out_dir / name / f).read_text() for f in ARCHIVED}

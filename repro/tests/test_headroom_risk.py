@@ -17,7 +17,7 @@ from repro.comparisons import COLLAPSE_ROWS, Plan, collapse_ab, default_comparis
 from repro.runner import plan_runs
 from runs import load_run
 
-D32 = ["model.d_model=32", "model.n_heads=1", "model.n_layers=4"]
+D32 = ["model.d_model=32", "model.n_heads=1", "model.n_layers=4", "model.scale.invariant_magnitude=keep"]
 CONSTANT = ["train.steps=10", "schedule.warmup_steps=0", "schedule.min_lr_ratio=1", "optim.lr=1e-2"]
 
 
