@@ -106,15 +106,19 @@ def reading(abs_: list[tuple[Comparison, list[Arm]]], curves: dict[str, list[LrP
                 for c in ("baseline", "literal", "removed")}
         if best["removed"] and best["literal"] and best["baseline"]:
             gap = best["removed"][0] - best["literal"][0]
+            base, lit, rem = (float(best[c][1]) for c in ("baseline", "literal", "removed"))
+            moves = gap < 0 and abs(rem - base) < abs(lit - base)
             out.append(f"- **Best lr, {title}.** Baseline {best['baseline'][1]}, literal {best['literal'][1]}; removed "
                        f"(at the lrs it ran) {best['removed'][1]}, {abs(gap):.4f} {'below' if gap < 0 else 'above'} "
-                       "literal at its best.")
+                       "literal at its best" + (": unified's best lr moves back toward the baseline's." if moves
+                                                 else "."))
     paper = next((e for e in rows if e.rung == rung_of(load_config(PAPER_CONFIG))), None)
     if paper is not None and calibration is not None:
         at = paper.sum_lr_to_collapse() * calibration
         preset = load_config(PAPER_CONFIG).model.scale.invariant_magnitude
         out.append(f"- **The paper model.** Literal unified on `configs/dense_0.12b_unified.yaml` reaches the collapse "
-                   f"point at Σlr ≈ {at:.1f} by the calibrated estimate; its schedule sums to {paper_sum:.1f}. "
+                   f"point at Σlr ≈ {at:.1f} by the calibrated estimate (a rough one: its method is below); its "
+                   f"schedule sums to {paper_sum:.1f}. "
                    + ("It is at risk. " if at < paper_sum else "The estimate puts it out of reach. ")
                    + ("The config now removes those magnitudes (`configs/scale/unified.yaml`), so it cannot collapse; "
                       "`configs/scale/unified_literal.yaml` keeps them for a faithful reproduction, and its runs print "

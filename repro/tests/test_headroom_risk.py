@@ -144,3 +144,30 @@ def test_two_ledgers_on_one_out_dir_keep_each_others_runs(tmp_path):
     second.add("b", 5.0)
     first.add("a", 1.0)
     assert CpuLedger(tmp_path).seconds == {"a": 11.0, "b": 5.0}
+
+
+def test_the_pages_plain_words_follow_its_numbers(tmp_path):
+    """repro/collapse_page.py, reading: the collapse counts per arm, the rows the removed form resolves, where each
+    arm's best lr sits (and whether unified's moves back toward the baseline's), and the paper model's verdict."""
+    from types import SimpleNamespace
+
+    from repro.collapse import Arm
+    from repro.collapse_page import LrPoint, reading
+
+    def run(final: float, collapsed: bool):
+        return SimpleNamespace(stopped_normalizing=collapsed, final_eval={"val_loss": final})
+    lit = Arm("unified, literal", {0: run(3.00, True), 1: run(3.10, True)})
+    rem = Arm("unified, magnitudes removed", {0: run(2.90, False), 1: run(2.95, False)})
+    spared = Arm("unified, those β undecayed", {0: run(3.0, True)})
+    curve = [LrPoint("2e-3", 2, 3.50, 3.40, None), LrPoint("4e-3", 2, 3.45, 3.42, 3.38),
+             LrPoint("8e-3", 2, 3.47, 3.45, 3.39)]
+    paper = risk.Early(risk.rung_of(load_config(risk.PAPER_CONFIG)), 3e4, 0.4, 100.0)
+    lines = reading([(None, [lit, rem, spared])], {"dense at 10 ×": curve}, [paper], 3.0, 41.9)
+    assert lines[0] == ("- **Collapse.** Literal unified switched a branch off in 2 of 2 runs over 1 rows. Without "
+                        "those magnitudes: 0 of 2. With them undecayed: 1 of 1.")
+    assert "over the 1 rows with 2 or more seeds: better in 0, worse in 0, unresolved in 1" in lines[1]
+    assert lines[2] == ("- **Best lr, dense at 10 ×.** Baseline 4e-3, literal 2e-3; removed (at the lrs it ran) 4e-3, "
+                        "0.0200 below literal at its best: unified's best lr moves back toward the baseline's.")
+    at = paper.sum_lr_to_collapse() * 3.0
+    assert f"at Σlr ≈ {at:.1f} by the calibrated estimate" in lines[3] and "It is at risk." in lines[3]
+    assert "The config now removes those magnitudes" in lines[3]  # configs/scale/unified.yaml: remove
