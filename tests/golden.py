@@ -158,6 +158,13 @@ CASES: list[Case] = [
     Case("dense_gemma_adamw_cosine_skip", (*_scale("gemma"), "train.micro_batch=8", "train.on_nonfinite=skip")),
     Case("dense_hg_dp_or_adamw_cosine_mixture_eval", (*_scale("hg_dp_or"), "train.micro_batch=8",
                                                       "train.eval_sample=mixture")),
+    # the DNP designs with direct and OR vectors, DP with ER, and an MoE design other than unified: each computes
+    # the paper's equation its own way, so each pins its numbers
+    Case("dense_hg_dnp_adamw_cosine_full_logits", (*_scale("hg_dnp"), "train.micro_batch=8",
+                                                   "train.loss_chunk_tokens=0")),
+    Case("dense_hg_dnp_or_muon_wsd", (*_scale("hg_dnp_or"), *MUON, "schedule.name=wsd", "train.micro_batch=8")),
+    Case("dense_hg_dp_er_adamw_cosine_accum2", (*_scale("hg_dp_er"), "train.micro_batch=4")),
+    Case("moe_hg_dp_or_muon_cosine", (*MOE, *_scale("hg_dp_or"), *MUON, "train.micro_batch=8")),
     # stopped after step 10 and resumed by the same command: the uninterrupted run's curve, step for step
     Case("dense_unified_adamw_cosine_accum2_resumed", (*_scale("unified"), "train.micro_batch=4"), stop_at_step=10,
          replays="dense_unified_adamw_cosine_accum2"),
