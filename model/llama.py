@@ -6,7 +6,6 @@ Names follow Hugging Face's Llama (q_proj, gate_proj, …) so export is a renami
 """
 from __future__ import annotations
 
-import functools
 import math
 import zlib
 from dataclasses import replace
@@ -18,11 +17,11 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from model.config import ModelConfig, Role, ScaleConfig
-from model.loss import head_loss
+from model.loss import HeadLoss, chunked_cross_entropy
 from model.moe import MoE
 from model.rope import apply_rope, rope_tables
 from model.scaling import ExpertBranch, GroupLayout, Norm, ScaledLinear, extra_norm, group_layout
-from model.vectors import ScaleBank, ScaleVector, bank_scale_vectors
+from model.vectors import ScaleVector, gamma_one
 
 
 class Attention(nn.Module):
@@ -43,30 +42,18 @@ class Attention(nn.Module):
     def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """h: (B, T, d) normalized input → (B, T, d)."""
         B, T, _ = h.shape
-        # Each branch's chain after its matmul (DNP's Norm, u, the Gemma Q/K-Norm, RoPE) ends in one `then`, which
-        # ScaledLinear recomputes in backward when compiled: the block saves what the baseline's saves
-        q = self.q_proj(h, then=functools.partial(_heads, shape=(B, T, self.n_heads, self.head_dim), norm=self.q_norm,
-                                                  rope=(cos, sin)))  # (B, T, H, hd)
-        k = self.k_proj(h, then=functools.partial(_heads, shape=(B, T, self.n_kv_heads, self.head_dim),
-                                                  norm=self.k_norm, rope=(cos, sin)))  # (B, T, KV, hd)
-        # DNP's u_v goes on to o_proj's columns: attention sums v's rows with weights, channel by channel, so
-        # P (V diag(u)) = (P V) diag(u) exactly (ScaledLinear.forward, `hand_on`)
-        v = self.v_proj(h, then=functools.partial(_heads, shape=(B, T, self.n_kv_heads, self.head_dim)),
-                        hand_on=True)
+        q = self.q_proj(h)  # (B, T, H·hd): u_q ⊙ Norm_head(W_q (v_q ⊙ h)) under DNP
+        k = self.k_proj(h)  # (B, T, KV·hd)
+        v = self.v_proj(h)  # (B, T, KV·hd)
+        if self.q_norm is not None:  # the Gemma layout's Q/K-Norm
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q.view(B, T, self.n_heads, self.head_dim), cos, sin)  # (B, T, H, hd)
+        k = apply_rope(k.view(B, T, self.n_kv_heads, self.head_dim), cos, sin)  # (B, T, KV, hd)
+        v = v.view(B, T, self.n_kv_heads, self.head_dim)
         y = F.scaled_dot_product_attention(  # (B, H, T, hd)
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
             enable_gqa=self.n_kv_heads != self.n_heads)
-        u_v = self.v_proj.handed_on()  # (KV·hd,) or None
-        if u_v is not None and self.n_kv_heads != self.n_heads:  # query head j reads kv head j // (H / KV)
-            u_v = u_v.view(self.n_kv_heads, -1).repeat_interleave(self.n_heads // self.n_kv_heads, 0).flatten()
-        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1), handed=u_v)
-
-
-def _heads(t: torch.Tensor, shape: tuple[int, int, int, int], norm: Optional[Norm] = None,
-           rope: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
-    """A q/k/v branch's output (B, T, n·hd) → (B, T, n, hd): the Gemma Q/K-Norm if any, then RoPE with (cos, sin)."""
-    t = (t if norm is None else norm(t)).view(shape)
-    return t if rope is None else apply_rope(t, *rope)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
 class MLP(nn.Module):
@@ -82,10 +69,7 @@ class MLP(nn.Module):
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         """h: (..., d) normalized input → (..., d)."""
-        # DNP's u_up goes on to down_proj's columns: SiLU(gate) ⊙ (u ⊙ n) = (SiLU(gate) ⊙ n) ⊙ u exactly
-        # (ScaledLinear.forward, `hand_on`)
-        hidden = F.silu(self.gate_proj(h)) * self.up_proj(h, hand_on=True)  # (..., f_padded)
-        return self.down_proj(hidden, handed=self.up_proj.handed_on())
+        return self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))  # (..., f_padded) inside
 
 
 def ffn(cfg: ModelConfig, layout: GroupLayout) -> nn.Module:
@@ -112,8 +96,6 @@ class Block(nn.Module):
         self.mlp = ffn(cfg, ffn_layout)
         self.attn_out_norm = extra_norm(cfg.scale, d, eps) if cfg.gemma_norms else None
         self.ffn_out_norm = extra_norm(cfg.scale, d, eps) if cfg.gemma_norms else None
-        # The block's vectors as one bank per role (model/scaling.py, ScaleBank): `scales.input.alpha`, …
-        self.scales = bank_scale_vectors(self)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         a = self.attn(self.attn_norm(x), cos, sin)
@@ -133,31 +115,19 @@ class Llama(nn.Module):
         self.norm = head.norm(d, cfg.norm_eps)
         # With DNP on the head, the inner Norm runs over the whole vocabulary of logits (docs/paper.md §1.9 [I]).
         self.lm_head = head.branch(d, V, cfg.norm_eps, role=Role.LM_HEAD)
-        self.compiled_head: Optional[str] = None  # compile_for_training(): the backend of the fused head + loss
-
-    def compile_for_training(self, device: torch.device, dtype: torch.dtype, backend: str = "inductor",
-                             fullgraph: Optional[bool] = None) -> None:
-        """torch.compile each block in place (parameter names, and so roles and checkpoints, are unchanged) and the
-        fused LM head + loss's chunk step (model/loss.py); the embedding and the loop stay eager. Every block is one
-        graph (fullgraph: a break fails loudly) except an MoE on its exact per-expert loop, which needs the
-        experts' row counts on the host (the grouped GEMM path compiles whole). `fullgraph=False`: allow breaks."""
-        if fullgraph is None:
-            probe = torch.empty(0, device=device, dtype=dtype)
-            fullgraph = all(moe.uses_grouped(probe) for _, moe in self.moe_layers())
-        for block in self.layers:
-            block.compile(fullgraph=fullgraph, backend=backend)
-        self.compiled_head = backend
+        # The head and loss: the plain chunked cross-entropy; the fast path (fast/) puts its fused head here
+        self.loss_fn: HeadLoss = chunked_cross_entropy
 
     def forward(self, tokens: torch.Tensor, targets: Optional[torch.Tensor] = None,
-                loss_chunk: int = 0) -> torch.Tensor:
+                loss_chunk: Optional[int] = 0) -> torch.Tensor:
         """tokens: (B, T) int64 → logits (B, T, V); with targets (B, T): the mean next-token loss (fp32) instead,
-        through the fused head + loss of model/loss.py over chunks of `loss_chunk` tokens (0: full logits)."""
+        over chunks of `loss_chunk` tokens (model/loss.py; 0: full logits, None: by device)."""
         x = self.tok_embeddings(tokens)  # (B, T, d)
         cos, sin = rope_tables(tokens.shape[1], self.cfg.head_dim, self.cfg.rope_theta, x.device, x.dtype)
         for block in self.layers:
             x = block(x, cos, sin)
         if targets is not None:
-            return head_loss(self.norm, self.lm_head, x, targets, loss_chunk, compiled=self.compiled_head)
+            return self.loss_fn(self.norm, self.lm_head, x, targets, loss_chunk)
         return self.lm_head(self.norm(x))
 
     # ------------------------------------------------------------------------------------------ initialization
@@ -172,14 +142,16 @@ class Llama(nn.Module):
         with zeros, so the padding never changes a value: the logical weights are those of the unpadded model."""
         depth_std = self.cfg.init_std / math.sqrt(2 * self.cfg.n_layers)
         for module in self.modules():
-            if isinstance(module, (ScaleVector, ScaleBank)):
-                module.reset_parameters()
-            elif isinstance(module, MoE):
+            if isinstance(module, MoE):
                 module.reset_buffers()
         logical, roles = self.logical_shapes(), self.param_roles()
+        for mname, module in self.named_modules():
+            for pname, p in module.named_parameters(recurse=False):
+                if roles[f"{mname}.{pname}" if mname else pname] in (Role.SCALE_INPUT, Role.SCALE_OUTPUT):
+                    p.fill_(gamma_one(module.reparam))  # γ = 1; by role, not by shape: the experts' u_e are (E, d)
         for name, p in self.named_parameters():
             if roles[name] in (Role.SCALE_INPUT, Role.SCALE_OUTPUT):
-                continue  # set to γ = 1 above; by role, not by shape: the experts' u_e are (E, d) stacks
+                continue
             std = depth_std if name.endswith(("o_proj.weight", "down_proj.weight")) else self.cfg.init_std
             gen = torch.Generator(device=p.device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
             shape = logical.get(name, tuple(p.shape))
@@ -220,14 +192,10 @@ class Llama(nn.Module):
         roles: dict[str, Role] = {}
         for mname, module in self.named_modules():
             prefix = f"{mname}." if mname else ""
-            if isinstance(module, (ScaleVector, ScaleBank)):  # a banked vector has none of its own
-                local = {n: module.role for n, _ in module.named_parameters(recurse=False)}
-            elif isinstance(module, (ScaledLinear, ExpertBranch)):
-                local = {"weight": module.role}
-            elif isinstance(module, nn.Embedding):
+            if isinstance(module, nn.Embedding):
                 local = {"weight": Role.EMBED}
-            else:
-                local = {n: None for n, _ in module.named_parameters(recurse=False)}  # must stay empty
+            else:  # a ScaleVector's parameters, a linear map's weight: the module's role (none: must own none)
+                local = {n: getattr(module, "role", None) for n, _ in module.named_parameters(recurse=False)}
             for n, role in local.items():
                 assert role is not None, f"parameter {prefix}{n} has no role"
                 assert f"{prefix}{n}" not in roles, f"parameter {prefix}{n} has two roles"
@@ -246,68 +214,26 @@ class Llama(nn.Module):
         out.append((self.norm, [self.lm_head]))
         return out
 
-    def invariant_magnitudes(self) -> dict[str, torch.Tensor]:
-        """{parameter name: bool mask over it}, True at the magnitude β (OR, ER) of every input-side vector whose
-        every reader normalizes its output first (DNP's inner Norm): the loss does not depend on that β but through
-        the Norm's eps, so it gets almost no gradient, only weight decay (results v4; optim.scale_wd_invariant).
-        A branch's own v counts when its branch has an inner Norm; a norm's shared γ when each of its branches has
-        one (the MoE router has none unless model.scale.router). Direct vectors have no separate magnitude, and
-        vectors built without one (model.scale.invariant_magnitude: remove) have none to mark."""
+    def invariant_magnitudes(self) -> set[str]:
+        """The names of the magnitudes β (OR, ER) of every input-side vector whose every reader normalizes its
+        output first (DNP's inner Norm), as this reference model names them (`layers.0.attn.q_proj.in_scale.beta`):
+        the loss does not depend on such a β but through the Norm's eps, so it gets almost no gradient, only weight
+        decay (docs/paper.md §1.7; optim.scale_wd_invariant). A branch's own v counts when its branch has an inner
+        Norm; a norm's shared γ when each of its branches has one (the MoE router has none unless
+        model.scale.router). Direct vectors have no separate magnitude, and vectors built without one
+        (model.scale.invariant_magnitude: remove) have none to mark."""
         vectors = []
         for norm, branches in self.norm_groups():
             if norm.scale is not None and all(b.inner is not None for b in branches):
                 vectors.append(norm.scale)
             vectors += [b.in_scale for b in branches if b.in_scale is not None and b.inner is not None]
-        names = {id(p): n for n, p in self.named_parameters()}
-        masks: dict[str, torch.Tensor] = {}
-        for v in vectors:
-            if v.reparam == "direct" or not v.has_magnitude:
-                continue
-            beta = v.part("beta") if v.slot is None else v.slot.bank.beta
-            mask = masks.setdefault(names[id(beta)], torch.zeros(beta.shape, dtype=torch.bool))
-            if v.slot is None:
-                mask.fill_(True)
-            else:
-                start, stop = v.slot.ranges["beta"]
-                mask[start:stop] = True
-        return masks
+        names = {id(m): n for n, m in self.named_modules()}
+        return {f"{names[id(v)]}.beta" for v in vectors if v.reparam != "direct" and v.has_magnitude}
 
     def scale_vectors(self) -> Iterator[tuple[str, ScaleVector]]:
         for name, module in self.named_modules():
             if isinstance(module, ScaleVector):
                 yield name, module
-
-    def bank_members(self) -> dict[str, list[tuple[str, tuple[int, int], tuple[int, ...]]]]:
-        """{bank parameter name: [(a member's vector name, its (start, stop) in the bank, its shape)]}, in bank order. A
-        vector name is what the vector's parameter was called when it owned it (`layers.0.attn.q_proj.in_scale.alpha`):
-        the names of a checkpoint written before banks, and of `folded_state_dict`."""
-        bank_names = {id(m): n for n, m in self.named_modules() if isinstance(m, ScaleBank)}
-        out: dict[str, list] = {}
-        for name, sv in self.scale_vectors():
-            if sv.slot is None:
-                continue
-            lead = () if sv.count is None else (sv.count,)
-            for kind, span in sv.slot.ranges.items():
-                shape = (*lead, 1 if kind == "beta" else sv.dim)
-                out.setdefault(f"{bank_names[id(sv.slot.bank)]}.{kind}", []).append((f"{name}.{kind}", span, shape))
-        return out
-
-    def banked(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """A state dict by vector names (`bank_members`) → this model's: each bank's members flattened and joined."""
-        out = dict(state)
-        for bank, members in self.bank_members().items():
-            if all(name in out for name, _, _ in members):
-                out[bank] = torch.cat([out.pop(name).reshape(-1) for name, _, _ in members])
-        return out
-
-    def unbanked(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The inverse of `banked`: each bank's entry split into its members' views, by vector name."""
-        out = dict(state)
-        for bank, members in self.bank_members().items():
-            if bank in out:
-                flat = out.pop(bank)
-                out.update({name: flat[a:b].view(shape) for name, (a, b), shape in members})
-        return out
 
     # ------------------------------------------------------------------------------------------ counting
 

@@ -144,10 +144,7 @@ class MoE(nn.Module):
         counts = torch.zeros(E, dtype=torch.int64, device=x.device).scatter_add_(0, flat, torch.ones_like(flat))
         rows = dispatch(x, order, inverse, k)  # (N, d): the tokens of expert 0, then of expert 1, …
 
-        matmul = self._matmul(rows, counts)
-        g = self.gate_proj(rows, expert_of_row, matmul)  # (N, fp)
-        u = self.up_proj(rows, expert_of_row, matmul, hand_on=True)  # (N, fp): DNP's u_e goes on to down_proj
-        y = self.down_proj(F.silu(g) * u, expert_of_row, matmul, handed=self.up_proj.handed_on())  # (N, d)
+        y = self.experts(rows, expert_of_row, self._matmul(rows, counts))  # (N, d)
 
         # Combine: back to slot order (the inverse permutation), then the weighted sum over k.
         y = undispatch(y, order, inverse).view(n, k, self.d)
@@ -160,6 +157,12 @@ class MoE(nn.Module):
 
         self._balance(logits, probs, counts)
         return out.view(shape)
+
+    def experts(self, rows: torch.Tensor, expert_of_row: torch.Tensor, matmul: Callable) -> torch.Tensor:
+        """Each row's expert, SwiGLU: rows (N, d) sorted by expert → (N, d)."""
+        g = self.gate_proj(rows, expert_of_row, matmul)  # (N, fp)
+        u = self.up_proj(rows, expert_of_row, matmul)  # (N, fp)
+        return self.down_proj(F.silu(g) * u, expert_of_row, matmul)
 
     def _matmul(self, rows: torch.Tensor, counts: torch.Tensor) -> Callable:
         if self.uses_grouped(rows):

@@ -12,14 +12,12 @@ present vector — never a diag() matrix or the product u vᵀ ⊙ W.
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from model.config import Role, ScaleConfig
 from model.vectors import ScaleVector
@@ -31,40 +29,10 @@ def rms_normalize(x: torch.Tensor, eps: float, n: Optional[int] = None) -> torch
 
     `n`: the logical width when the last dim carries zero padding (MoE experts): the mean square is Σx²/n, so the
     padded units (zeros) change nothing and the result equals the unpadded Norm."""
-    return _Norm.apply(x, eps, n)
-
-
-class _Norm(torch.autograd.Function):
-    """y = x·r, r = (Σx²/n + eps)^(-1/2), with the backward written through the output:
-
-        ∂L/∂x = r · (g − y · Σ(g ⊙ y)/n),    g = ∂L/∂y,
-
-    exact (eps included), so backward keeps y and r instead of x. y is what the next op keeps anyway (the linear map
-    that reads a pre-norm, the vector multiply after DNP's inner Norm), so a Norm adds only r, (…, 1), to the saved
-    activations — where autograd's own formula would keep its input x as well. The forward is the plain formula op
-    for op (tests/test_model.py: bit-identical to F.rms_norm on CPU, values and gradients to the formula in fp64)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, eps: float, n: Optional[int]) -> torch.Tensor:
-        x32 = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-        sq = x32.pow(2).mean(-1, keepdim=True) if n is None else x32.pow(2).sum(-1, keepdim=True) / n
-        r = torch.rsqrt(sq + eps)  # (…, 1), at least fp32
-        y = x32 * r
-        if y.dtype != x.dtype:
-            # Cast only when the dtypes differ: under torch 2.11's dynamo, a same-dtype `.to()` (which returns its
-            # input) on a tensor saved for backward made every gradient through this Function exactly 0 in compiled
-            # graphs (tests/test_compile.py checks compiled gradients against eager). Same numbers either way.
-            y = y.to(x.dtype)
-        ctx.save_for_backward(y, r)
-        ctx.n = x.shape[-1] if n is None else n
-        return y
-
-    @staticmethod
-    def backward(ctx, g: torch.Tensor):
-        y, r = ctx.saved_tensors
-        g32, y32 = g.to(r.dtype), y.to(r.dtype)
-        dx = r * (g32 - y32 * ((g32 * y32).sum(-1, keepdim=True) / ctx.n))
-        return dx.to(g.dtype), None, None
+    x32 = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    sq = x32.pow(2).mean(-1, keepdim=True) if n is None else x32.pow(2).sum(-1, keepdim=True) / n
+    y = x32 * torch.rsqrt(sq + eps)
+    return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
 class Norm(nn.Module):
@@ -122,69 +90,16 @@ class ScaledLinear(nn.Module):
     def logical_shape(self) -> tuple[int, int]:
         return self.d_out, self.d_in
 
-    def forward(self, x: torch.Tensor, matmul: Optional[Callable] = None,
-                then: Optional[Callable[[torch.Tensor], torch.Tensor]] = None, hand_on: bool = False,
-                handed: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """x: (..., d_in) → (..., d_out), then `then` applied to it (RoPE on q/k: the caller's next elementwise ops).
-
-        A vector multiplies whichever side is smaller: u ⊙ (W (v ⊙ x)) = (diag(u) W diag(v)) x exactly, and for a
-        block matrix W (d_out × d_in) is far smaller than a micro-batch's rows x (N × d_in), so v and u (without an
-        inner Norm) scale W's columns and rows instead of N rows of activations — fewer FLOPs, and backward keeps
-        the one shared normalized input rather than one scaled copy per branch (HG). The LM head (W: vocab × d)
-        scales its activations. docs/design.md's rule stands: no diag() matrices, no u vᵀ outer product.
-
-        `hand_on`: leave DNP's u off the output; the caller hands `handed_on()` to the next linear map, which scales
-        its columns (`handed`): exact where the ops between act on each channel linearly (attention's weighted sum
-        over v, the SwiGLU product over up). u then costs a weight-sized multiply, and its gradient comes from
-        that weight's, where on the activations it needs a pass over every row for the column sum ∂/∂u.
-
-        Compiled, the folded weight and the chain after the matmul (inner Norm → u → `then`) are `recomputed` in
-        backward, so a branch saves what the baseline's saves (its input, its matmul's output) plus the Norm's
-        statistic r: not W ⊙ v, not the Norm's output beside RoPE's.
-
-        `matmul(x, W)` → x Wᵀ stands in for F.linear, for a caller that forms W's gradient itself (the fused LM
-        head + loss, model/loss.py, accumulates it in place): then no vector folds into W, so `matmul` gets the
-        stored weight and W's gradient is exactly Gᵀ (v ⊙ x), G the gradient of the matmul's output."""
-        w = self.weight.to(x.dtype)  # .to: a no-op except for the MoE router, which runs in fp32 on bf16 weights
-        fold_in, fold_out = self.folds(x.numel() // self.d_in_padded) if matmul is None else (False, False)
-        v = self.in_scale() if self.in_scale is not None else None
-        if handed is not None:  # (d_in_padded,): a vector an earlier branch handed on
-            v = handed if v is None else v * handed
-            fold_in = matmul is None and x.numel() // self.d_in_padded >= self.d_out_padded
-        u = None
-        if self.out_scale is not None and not (hand_on and self.inner is not None):
-            u = pad_last(self.out_scale(), self.d_out_padded)  # (d_out_padded,)
-        if fold_in or (fold_out and u is not None):
-            w = recomputed(_fold, w, v if fold_in else None, u if fold_out else None)
-        if v is not None and not fold_in:
-            x = x * v
-        y = F.linear(x, w) if matmul is None else matmul(x, w)  # (..., d_out_padded)
-        u = None if fold_out else u
-        if self.inner is None and u is None:
-            return y if then is None else then(y)
-        return recomputed(self._post, y, u, then)
-
-    def handed_on(self) -> Optional[torch.Tensor]:
-        """The u that `forward(hand_on=True)` left off, zero-padded to the stored width (d_out_padded,), or None
-        where the branch applies its own (no u, or no inner Norm: then u folds into this branch's W)."""
-        if self.out_scale is None or self.inner is None:
-            return None
-        return pad_last(self.out_scale(), self.d_out_padded)
-
-    def _post(self, y: torch.Tensor, u: Optional[torch.Tensor], then: Optional[Callable]) -> torch.Tensor:
-        """What follows the matmul: DNP's inner Norm, u, then the caller's `then`."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (..., d_in_padded) → (..., d_out_padded), y = u ⊙ post(W (v ⊙ x)) as docs/paper.md §1.8 writes it."""
+        if self.in_scale is not None:
+            x = x * self.in_scale()  # v ⊙ x
+        y = F.linear(x, self.weight.to(x.dtype))  # .to: a no-op except for the MoE router (fp32 on bf16 weights)
         if self.inner is not None:
-            y = self.inner(y)
-        if u is not None:
-            y = y * u
-        return y if then is None else then(y)
-
-    def folds(self, rows: int) -> tuple[bool, bool]:
-        """Whether a forward over `rows` rows scales W by v (its columns) and by u (its rows) rather than the
-        activations: the smaller side, as forward explains. Where it does, W's gradient passes through the fold."""
-        fold_in = self.in_scale is not None and rows >= self.d_out_padded
-        fold_out = self.out_scale is not None and self.inner is None and rows >= self.d_in_padded
-        return fold_in, fold_out
+            y = self.inner(y)  # DNP's post = Norm
+        if self.out_scale is not None:
+            y = y * pad_last(self.out_scale(), self.d_out_padded)  # u ⊙ …
+        return y
 
     @torch.no_grad()
     def folded_weight(self, extra_in: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -205,33 +120,6 @@ class ScaledLinear(nn.Module):
     def extra_repr(self) -> str:
         padded = "" if self.weight.shape == self.logical_shape else f", stored={tuple(self.weight.shape)}"
         return f"d_in={self.d_in}, d_out={self.d_out}{padded}, role={self.role.value}"
-
-
-def recomputed(fn: Callable, *args):
-    """fn(*args); inside a compiled graph, with fn's intermediate results recomputed in backward from its inputs
-    instead of saved (a non-reentrant activation checkpoint: the partitioner then saves the inputs). For cheap
-    elementwise chains only, never a matmul or attention: the weight fold and a branch's Norm → u → RoPE
-    (docs/design.md, "The scale-vector model"). Eager, fn(*args): there the chain's output is saved by the next op
-    anyway, so recomputing would cost time and save nothing. The same ops either way, so the same numbers."""
-    if torch.compiler.is_compiling():
-        return checkpoint(fn, *args, use_reentrant=False,
-                          context_fn=functools.partial(create_selective_checkpoint_contexts, _save_statistics))
-    return fn(*args)
-
-
-def _save_statistics(ctx, op, *args, **kwargs) -> CheckpointPolicy:
-    """`recomputed`'s policy: keep each Norm's r = (mean x² + eps)^(-1/2), one fp32 number per normalized row, so
-    backward does not read the row again to recompute it; recompute the rest."""
-    return CheckpointPolicy.MUST_SAVE if op is torch.ops.aten.rsqrt.default else CheckpointPolicy.PREFER_RECOMPUTE
-
-
-def _fold(w: torch.Tensor, v: Optional[torch.Tensor], u: Optional[torch.Tensor]) -> torch.Tensor:
-    """diag(u) W diag(v), either vector None: W (d_out_padded, d_in), v (d_in,), u (d_out_padded,)."""
-    if v is not None:
-        w = w * v  # W diag(v)
-    if u is not None:
-        w = w * u[:, None]  # diag(u) W
-    return w
 
 
 def pad_last(u: torch.Tensor, width: int) -> torch.Tensor:
@@ -268,35 +156,17 @@ class ExpertBranch(nn.Module):
     def logical_shape(self) -> tuple[int, int, int]:
         return self.n_experts, self.d_out, self.d_in
 
-    def forward(self, x: torch.Tensor, expert_of_row: torch.Tensor, matmul, hand_on: bool = False,
-                handed: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, expert_of_row: torch.Tensor, matmul: Callable) -> torch.Tensor:
         """x: (N, d_in_padded) rows sorted by expert; expert_of_row: (N,) int64; matmul(x, W) → (N, d_out_padded),
-        the grouped GEMM or the per-expert loop of model/moe.py. `hand_on` and `handed` (E, d_in_padded): DNP's u_e
-        handed on to the next expert map's columns, as ScaledLinear.forward explains; here it also spares a gather
-        of u_e per row."""
-        w = self.weight  # (E, d_out_padded, d_in_padded)
-        if self.in_scale is not None:  # the smaller side, as in ScaledLinear.forward
-            if x.shape[0] >= w.shape[0] * w.shape[1]:
-                w = w * self.in_scale()
-            else:
-                x = x * self.in_scale()
-        if handed is not None:
-            w = w * handed[:, None, :]  # W_e diag(u_e)
-        if self.out_scale is not None and self.inner is None:
-            w = w * pad_last(self.out_scale(), self.d_out_padded)[:, :, None]  # diag(u_e) W_e: no per-row gather
-        y = matmul(x, w)
+        the grouped GEMM or the per-expert loop of model/moe.py."""
+        if self.in_scale is not None:
+            x = x * self.in_scale()  # v ⊙ x: one v for every expert
+        y = matmul(x, self.weight)  # W_e (v ⊙ x) for each row's expert e
         if self.inner is not None:
             y = self.inner(y)
-            if self.out_scale is not None and not hand_on:  # (E, d_out_padded) → one row per token slot
-                y = y * pad_last(self.out_scale(), self.d_out_padded)[expert_of_row]
+        if self.out_scale is not None:  # (E, d_out_padded) → the row's own expert's u_e
+            y = y * pad_last(self.out_scale(), self.d_out_padded)[expert_of_row]
         return y
-
-    def handed_on(self) -> Optional[torch.Tensor]:
-        """The u_e that `forward(hand_on=True)` left off, (E, d_out_padded), or None where the branch applies its
-        own (ScaledLinear.handed_on)."""
-        if self.out_scale is None or self.inner is None:
-            return None
-        return pad_last(self.out_scale(), self.d_out_padded)
 
     @torch.no_grad()
     def folded_weight(self, extra_in: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -11,7 +11,7 @@ and DCP's get_/set_optimizer_state_dict(model, opt) for checkpoints (see optim/h
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Mapping, Optional
 
 import torch
 
@@ -32,7 +32,8 @@ __all__ = [
 
 
 def build_optimizer(
-    model: torch.nn.Module, roles: Mapping[str, Role | str], cfg: OptimConfig, fused: bool = False
+    model: torch.nn.Module, roles: Mapping[str, Role | str], cfg: OptimConfig, fused: bool = False,
+    invariant: Optional[set[str]] = None,
 ) -> HybridOptimizer:
     """One optimizer for the whole model: Muon on the block matrices when cfg.name == "muon", AdamW elsewhere.
 
@@ -41,10 +42,12 @@ def build_optimizer(
     it, for its device-side `found_inf` skip); numerics match the foreach path to rounding. Each group has "name",
     "kind", "lr", "initial_lr" (the peak, cfg.lr) and "lr_scale" (1.0): `set_lr` writes lr · lr_scale. A model
     with zero-padded weights (Llama's `logical_shapes`) gives Muon their unpadded shapes for its update scale.
+    `invariant`: the parameters that hold only magnitudes no gradient reaches (param_groups); None: the model's
+    own `invariant_magnitudes()`, where it has them.
     """
     logical = model.logical_shapes() if hasattr(model, "logical_shapes") else {}
-    invariant = model.invariant_magnitudes() if not cfg.scale_wd_invariant and hasattr(model, "invariant_magnitudes") \
-        else None
+    if invariant is None and hasattr(model, "invariant_magnitudes"):
+        invariant = model.invariant_magnitudes()
     groups = param_groups(model.named_parameters(), roles, cfg, logical, invariant)
     supported = all(p.device.type in ("cuda", "cpu") for g in groups if g["kind"] == "adamw" for p in g["params"])
     return HybridOptimizer(groups, fused=fused and supported)

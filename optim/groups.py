@@ -66,7 +66,7 @@ def param_groups(
     roles: Mapping[str, Role | str],
     cfg: OptimConfig,
     logical_shapes: Optional[Mapping[str, tuple[int, ...]]] = None,
-    invariant: Optional[Mapping[str, torch.Tensor]] = None,
+    invariant: Optional[Iterable[str]] = None,
 ) -> list[dict[str, Any]]:
     """Param-group dicts for `HybridOptimizer`, each with `name` (for logging), `kind` ("adamw" | "muon"),
     `params`, `weight_decay`, `lr` (= cfg.lr, the peak) and `lr_scale` (the trainer sets lr = schedule · lr_scale).
@@ -78,10 +78,8 @@ def param_groups(
     Parameters with requires_grad=False are left out. Raises if a trainable parameter has no role; asserts that
     every trainable parameter lands in exactly one group.
 
-    `invariant` (Llama.invariant_magnitudes: name → bool mask, True where an entry is a magnitude that gets no
-    gradient) is read when `cfg.scale_wd_invariant` is false: a decayed parameter that is all such entries joins
-    "adamw/no_decay"; one that is partly (a bank of a block's β) joins "adamw/decay_masked", whose engine decay is 0
-    and whose `masked_weight_decay` HybridOptimizer applies to the entries its `decay_masks` (1 decays, 0 not) mark.
+    `invariant` (Llama.invariant_magnitudes: the parameters that hold only magnitudes no gradient reaches) is read
+    when `cfg.scale_wd_invariant` is false: a decayed parameter among them joins "adamw/no_decay".
     """
     if cfg.name not in ("adamw", "muon"):
         raise ValueError(f"unknown optimizer {cfg.name!r}; expected adamw | muon")
@@ -91,11 +89,9 @@ def param_groups(
     if missing:
         raise ValueError(f"parameters without a role: {sorted(missing)}")
 
-    buckets: dict[str, list[torch.nn.Parameter]] = {"muon": [], "adamw/decay": [], "adamw/no_decay": [],
-                                                     "adamw/decay_masked": []}
+    buckets: dict[str, list[torch.nn.Parameter]] = {"muon": [], "adamw/decay": [], "adamw/no_decay": []}
     muon_shapes: list[tuple[int, ...]] = []
-    masks: list[torch.Tensor] = []  # parallel to buckets["adamw/decay_masked"]: 1 where the entry decays
-    spared = {} if cfg.scale_wd_invariant else dict(invariant or {})
+    spared = set() if cfg.scale_wd_invariant else set(invariant or ())
     muon_roles = MUON_ROLES | ({ROUTER_ROLE} if cfg.muon.router else set())
     for name, p in params:
         role = roles[name]
@@ -104,15 +100,8 @@ def param_groups(
                 raise ValueError(f"{name}: role {role_value(role)} goes to Muon but has shape {tuple(p.shape)}")
             buckets["muon"].append(p)
             muon_shapes.append(tuple((logical_shapes or {}).get(name, p.shape)))
-        elif decays(name, role, cfg.scale_weight_decay, cfg.scale_wd_alpha):
-            keep = spared.get(name)
-            if keep is None or not bool(keep.any()):
-                buckets["adamw/decay"].append(p)
-            elif bool(keep.all()):
-                buckets["adamw/no_decay"].append(p)
-            else:
-                buckets["adamw/decay_masked"].append(p)
-                masks.append((~keep).float())
+        elif decays(name, role, cfg.scale_weight_decay, cfg.scale_wd_alpha) and name not in spared:
+            buckets["adamw/decay"].append(p)
         else:
             buckets["adamw/no_decay"].append(p)
 
@@ -131,12 +120,6 @@ def param_groups(
                 name=name, kind="adamw", params=buckets[name], lr=cfg.lr, initial_lr=cfg.lr, lr_scale=1.0,
                 weight_decay=wd, betas=tuple(cfg.betas), eps=cfg.eps,
             ))
-    if buckets["adamw/decay_masked"]:
-        groups.append(dict(
-            name="adamw/decay_masked", kind="adamw", params=buckets["adamw/decay_masked"], lr=cfg.lr,
-            initial_lr=cfg.lr, lr_scale=1.0, weight_decay=0.0, masked_weight_decay=cfg.weight_decay,
-            decay_masks=masks, betas=tuple(cfg.betas), eps=cfg.eps,
-        ))
 
     placed = [id(p) for g in groups for p in g["params"]]
     assert len(placed) == len(set(placed)) == len(params), "every parameter must land in exactly one group"

@@ -39,12 +39,6 @@ class HybridOptimizer(torch.optim.Optimizer):
         for g in groups:
             if g.get("kind") not in KINDS or "name" not in g:
                 raise ValueError(f"every param group needs a name and a kind in {KINDS}; got {sorted(g)}")
-        # A masked group's masks leave the group dict (its hyperparameters go into checkpoints): each is laid out
-        # like its parameter (a DTensor's local shard), 1 where the entry decays.
-        self._decay_masks: dict[int, torch.Tensor] = {}
-        for g in groups:
-            for p, mask in zip(g["params"], g.pop("decay_masks", ())):
-                self._decay_masks[id(p)] = _like(mask, p)
         adamw_groups = [g for g in groups if g["kind"] == "adamw"]
         muon_groups = [g for g in groups if g["kind"] == "muon"]
         # The engines are built first: their constructors validate the groups and fill each group dict (the same
@@ -81,7 +75,6 @@ class HybridOptimizer(torch.optim.Optimizer):
                 loss = closure()
         if found_inf is not None and self._adamw is not None and not self.fused:
             raise ValueError("found_inf needs the fused AdamW kernel (build the optimizer with fused=True)")
-        self._masked_decay(found_inf)
         for engine in self._engines():
             if engine is self._adamw:
                 engine.found_inf = found_inf  # read by torch.optim.AdamW.step (None: an ordinary step)
@@ -89,21 +82,6 @@ class HybridOptimizer(torch.optim.Optimizer):
             else:
                 engine.step(found_inf=found_inf)
         return loss
-
-    def _masked_decay(self, found_inf: Optional[torch.Tensor]) -> None:
-        """AdamW's decoupled decay p ← p·(1 − lr·wd) on the entries a masked group's masks mark, before the engine's
-        update, as torch's AdamW orders them (the update reads the moments, not p); a non-finite step (found_inf)
-        leaves them too, decided on the device."""
-        for g in self.param_groups:
-            wd = g.get("masked_weight_decay")
-            if not wd:
-                continue
-            for p in g["params"]:
-                local = p.to_local() if isinstance(p, DTensor) else p
-                factor = 1.0 - (g["lr"] * wd) * self._decay_masks[id(p)]
-                if found_inf is not None:
-                    factor = torch.where(found_inf.to(factor.device) > 0, torch.ones_like(factor), factor)
-                local.mul_(factor.to(local.dtype))
 
     @property
     def fused(self) -> bool:
@@ -125,9 +103,3 @@ class HybridOptimizer(torch.optim.Optimizer):
                     if st and torch.is_tensor(st.get("step")):
                         st["step"] = st["step"].to(device=p.device if on_device else "cpu", dtype=torch.float32)
 
-
-def _like(mask: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """`mask` (the parameter's full shape) on `p`'s device, as `p`'s local shard when `p` is a DTensor."""
-    if isinstance(p, DTensor):
-        return distribute_tensor(mask.to(p.device), p.device_mesh, p.placements).to_local()
-    return mask.to(p.device)

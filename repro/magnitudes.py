@@ -86,10 +86,8 @@ def mean_squares(model: Llama, norms: list[Norm], tokens: torch.Tensor) -> dict[
 
 
 def beta_entries(v: ScaleVector) -> tuple[torch.Tensor, slice]:
-    """The parameter that holds a vector's β and its entries there (a bank's slice, or all of its own β)."""
-    if v.slot is None:
-        return v.part("beta"), slice(None)
-    return v.slot.bank.beta, slice(*v.slot.ranges["beta"])
+    """The parameter that holds a vector's β (the reference model's: its own) and its entries there."""
+    return v.beta, slice(None)
 
 
 def beta_grads(model: Llama, batches: list[torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -11,8 +11,8 @@ A save writes everything into `.tmp-step_<8-digit step>`, renames it to `step_<8
 marker: a crash at any point leaves either a tmp dir or a dir without the marker, both ignored by
 `latest_checkpoint` and removed by the next save's pruning.
 
-A load takes a checkpoint of another storage layout (runtime/checkpoint_layouts.py): any FFN padding, and the
-scale vectors one tensor each, as written before banks.
+A checkpoint holds the reference model's names (model/): the fast path's banks are written and read as their
+vectors (fast/banks.py). A load takes another FFN padding too (runtime/checkpoint_layouts.py).
 
 One file of about 470 lines on purpose: saving, finding and loading share the layout above and the all-or-nothing
 protocol across ranks, and a reader checks one against the other here rather than across modules.
@@ -47,6 +47,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from fast.banks import reference_state, stage_banks
 from runtime.checkpoint_layouts import finish_layouts, stage_layouts
 from runtime.files import atomic_write, fsync_dir, log_traceback
 from runtime.rng import rng_equal, rng_state, set_rng_state
@@ -55,6 +56,7 @@ MARKER = "COMPLETE"
 EXTRA_FILE = "extra.pt"
 ERRORS_LOG = "errors.log"  # in the checkpoints dir: the tracebacks of failed saves
 STEP_DIR = re.compile(r"^step_(\d+)$")
+BANKS_ON_DISK = re.compile(r"^model\.layers\.\d+\.scales\.")  # the older format: runtime/checkpoint_convert.py
 _TMP_PREFIX = ".tmp-step_"
 
 
@@ -125,6 +127,7 @@ def save_checkpoint(ckpt_dir: Path, step: int, model: nn.Module, optimizer: Opti
         state = {"model": get_model_state_dict(model)}
         if optimizer is not None:
             state["optim"] = get_optimizer_state_dict(model, optimizer)
+        state = reference_state(model, state)  # the fast path's banks under the reference's names
         with _single_process_quiet(d):
             dcp.save(state, checkpoint_id=tmp, no_dist=not d.active)  # FileSystemWriter fsyncs its files
         atomic_write(tmp / f"rng_rank{d.rank}.pt", _to_bytes(rng_state()))
@@ -447,7 +450,12 @@ def _load_states(path: Path, model: nn.Module, optimizer: Optional[torch.optim.O
     # Check names and shapes ourselves first: DCP's own error for a different architecture is a planner
     # traceback. Every rank reads the same metadata, so every rank raises together (no hang in a collective).
     metadata = FileSystemReader(str(path)).read_metadata().state_dict_metadata
-    staged = stage_layouts(model, state, metadata)
+    if any(BANKS_ON_DISK.match(k) for k in metadata):
+        raise CheckpointError(f"checkpoint {path} stores scale-vector banks (layers.N.scales.*), the format before "
+                              "checkpoints held each vector under its own name: convert it once with `python -m "
+                              f"scripts.convert_checkpoint {path.parent.parent}` (the original is kept in "
+                              "checkpoints/set_aside/), then run the same command again")
+    staged = stage_banks(model, state) + stage_layouts(model, state, metadata)
     problems = _mismatches(state, metadata)
     if problems:
         raise CheckpointError(f"checkpoint {path} does not match this model/optimizer "

@@ -54,7 +54,11 @@ class TrainConfig:
     # (keep them gathered until backward: fewer all-gathers, more memory). Same numbers.
     reshard_after_forward: Literal["auto", True, False] = _resumable("auto")
     fsdp_prefetch: int = _resumable(0)  # blocks whose all-gathers a block issues ahead; 0: FSDP2's implicit prefetch
-    # The fused LM head + loss (model/loss.py) runs over chunks of this many tokens, so the (tokens, vocab) fp32
+    # The fast path (fast/): the reference model's function computed faster (vectors on the smaller side, DNP's u
+    # handed on, banks, the fused LM head). Same numbers to rounding, the same names on disk; false trains the
+    # reference model (model/) as written, e.g. a design of your own the fast path does not know.
+    fast_path: bool = _resumable(True)
+    # The LM head + loss (model/loss.py; fast/head.py) runs over chunks of this many tokens, so the (tokens, vocab) fp32
     # logits of a whole micro-batch never exist at once; 0 = the plain path (full logits, then cross-entropy).
     # None (auto): by device — 1024 on CPU; on CUDA the fewest equal chunks within a 4 GiB budget for a chunk's fp32
     # logits and their gradient (a 0.12B micro-batch at V = 50,304: 4 × 8192): model/loss.py, default_chunk_tokens.

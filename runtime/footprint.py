@@ -5,7 +5,7 @@
   compiled blocks of runtime/build.py). Parameters, the token ids and the rotary tables (inputs shared by every
   block) are not counted; a storage saved twice counts once. A block's bytes are what it holds once its forward is
   done (all of it lives until backward). The head runs each chunk's forward and backward inside its own forward
-  (model/loss.py), so its figure is the peak of what it holds at once: one chunk's saves plus what it keeps for the
+  (fast/head.py), so its figure is the peak of what it holds at once: one chunk's saves plus what it keeps for the
   outer backward.
 - **parameter tensors**: what FSDP2's gathers, gradient clipping and the optimizer iterate over, one by one.
 - **host ops per step**: the aten operators dispatched on the host in one training step (torch.profiler), and on

@@ -199,3 +199,18 @@ def _set_prefetch(model: Llama, blocks: list[torch.nn.Module], n: int) -> None:
     for i, block in enumerate(blocks):
         block.set_modules_to_forward_prefetch(blocks[i + 1:i + 1 + n])
         block.set_modules_to_backward_prefetch(blocks[max(0, i - n):i][::-1])  # nearest (needed first) first
+
+
+# ------------------------------------------------------------------------------------------------------- compile
+
+def compile_blocks(model: Llama, device: torch.device, dtype: torch.dtype, backend: str = "inductor",
+                   fullgraph: Optional[bool] = None) -> None:
+    """torch.compile each block in place (parameter names, and so roles and checkpoints, are unchanged); the
+    embedding and the loop stay eager (the fast path's head compiles its own chunks: fast/head.py). Every block is
+    one graph (fullgraph: a break fails loudly) except an MoE on its exact per-expert loop, which needs the experts'
+    row counts on the host (the grouped GEMM path compiles whole). `fullgraph=False`: allow breaks."""
+    if fullgraph is None:
+        probe = torch.empty(0, device=device, dtype=dtype)
+        fullgraph = all(moe.uses_grouped(probe) for _, moe in model.moe_layers())
+    for block in model.layers:
+        block.compile(fullgraph=fullgraph, backend=backend)

@@ -192,7 +192,7 @@ class Trainer:
             digest += batch_digest(x)
             if not self.sync_each:  # accumulate unsharded gradients locally; reduce after the last micro-batch
                 model.set_requires_gradient_sync(i == self.accum - 1)
-            loss = model(x, y, loss_chunk=cfg.train.loss_chunk_tokens)  # fused LM head + loss (model/loss.py)
+            loss = model(x, y, loss_chunk=cfg.train.loss_chunk_tokens)  # the LM head + loss (model/loss.py; fast/head.py)
             aux = model.aux_loss()  # MoE balancing terms of this forward, already weighted (0 when dense)
             ((loss + aux) / self.accum).backward()  # every micro-batch has the same token count
             sums += torch.stack([loss.detach(), aux.detach()]).to(self.loss_dtype) / self.accum

@@ -130,8 +130,8 @@ def test_the_switch_aux_loss_warns_only_when_its_groups_change(data_dir):  # noq
 def test_the_skipped_step_count_carries_across_a_rank_change(data_dir, tmp_path, monkeypatch):  # noqa: F811
     """train.on_nonfinite: skip on 2 ranks (step 3's loss is NaN on rank 0), stopped after step 4, resumed on one
     process: the count is the checkpoint's one scalar, so the resumed records go on from 1, not from 0 or 2."""
-    import model.llama
-    monkeypatch.setattr(model.llama, "head_loss", model.llama.head_loss)  # a worker's poison never reaches here
+    from fast.head import FusedHeadLoss
+    monkeypatch.setattr(FusedHeadLoss, "__call__", FusedHeadLoss.__call__)  # a worker's poison never reaches here
     argv = args_for(data_dir, tmp_path, "r", "train.on_nonfinite=skip", "train.ckpt_every=2", "train.eval_every=100")
     spawn(_skip_worker, (2, Rendezvous.new(), ["--stop-at-step", "4", *argv]), nprocs=2)
     train.main(argv)

@@ -5,7 +5,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from model.llama import build_model
+from fast import build_fast_model
+from fast.head import FusedHeadLoss
+from runtime.parallel import compile_blocks
 from runtime.footprint import saved_activations
 from test_model import preset_model_cfg
 
@@ -18,10 +20,11 @@ def saved(name: str, backend, **model):
     uses, without generating code: what is saved is decided as in training, in seconds."""
     cfg = replace(preset_model_cfg(name, vocab_size=256), d_model=64, n_heads=4, n_layers=2, **model)
     torch.manual_seed(0)
-    m = build_model(cfg, seed=0)
+    m = build_fast_model(cfg, seed=0)  # the training model's fast path
     if backend is not None:
         torch._dynamo.reset()
-        m.compile_for_training(torch.device("cpu"), torch.float32, backend=backend)
+        compile_blocks(m, torch.device("cpu"), torch.float32, backend=backend)
+        m.loss_fn = FusedHeadLoss(backend)
     x, y = (torch.randint(0, 256, TOKENS) for _ in range(2))
     return saved_activations(m, lambda: m(x, y, loss_chunk=TOKENS[0] * TOKENS[1]))  # one chunk: all rows
 
@@ -36,7 +39,7 @@ def test_the_ledger_counts_a_block_once_per_storage_and_not_its_parameters():
 
 
 def test_compiled_unified_blocks_save_what_the_baselines_save():
-    """The weight fold and each branch's Norm → u → RoPE are recomputed in backward (model/scaling.py, recomputed):
+    """The weight fold and each branch's Norm → u → RoPE are recomputed in backward (fast/branches.py, recomputed):
     unified's blocks save at most 2 % more than the baseline's at these widths, where eager they save the folded
     weights and each branch's Norm output beside RoPE's — the test fails without the recompute."""
     base, _ = saved("baseline", "aot_eager_decomp_partition")
@@ -48,7 +51,7 @@ def test_compiled_unified_blocks_save_what_the_baselines_save():
 
 @pytest.mark.parametrize("backend", [None, "aot_eager_decomp_partition"])
 def test_the_dnp_head_holds_less_at_once_than_the_baselines(backend):
-    """The DNP head's chunk keeps no autograd graph over (chunk × vocabulary) (model/loss.py, _vocab_norm_core): at
+    """The DNP head's chunk keeps no autograd graph over (chunk × vocabulary) (fast/head.py, _vocab_norm_core): at
     most its small (rows × d) and (vocabulary,) parts, where the baseline's chunk keeps its logits."""
     _, base = saved("baseline", backend)
     _, unified = saved("unified", backend)

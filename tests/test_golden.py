@@ -4,6 +4,8 @@ such, not as drift. Regenerate after a change meant to move numbers: python test
 own that says why)."""
 from __future__ import annotations
 
+import dataclasses
+
 import itertools
 import statistics
 from dataclasses import dataclass
@@ -177,7 +179,8 @@ def replay(request, golden_data, tmp_path_factory) -> Callable[[Case], dict]:
     def get(case: Case) -> dict:
         if case.name not in cache:
             group = [case] if case.ranks == 1 else [
-                c for c in CASES if c.ranks == case.ranks and c.name not in cache and (c.name in selected or c == case)]
+                c for c in (*CASES, *REFERENCE) if c.ranks == case.ranks and c.name not in cache
+                and (c.name in selected or c == case)]
             cache.update(golden.run_cases(group, golden_data, out))
         return cache[case.name]
 
@@ -195,7 +198,13 @@ def test_each_case_has_its_golden_file():
         assert golden.load_golden(c)["format"] == golden.FORMAT
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+# Each case again on the reference model (train.fast_path=false: model/ as written, no fast/), held to the same
+# golden file and bound: the fast path computes the reference's function.
+REFERENCE = [dataclasses.replace(c, name=f"{c.name}_reference", overrides=(*c.overrides, "train.fast_path=false"),
+                                 replays=c.golden_name) for c in CASES if not c.replays]
+
+
+@pytest.mark.parametrize("case", CASES + REFERENCE, ids=lambda c: c.name)
 def test_replay_matches_golden(case: Case, data_print, replay):
     want = golden.load_golden(case)
     where = (f"{case.name} (golden {case.golden_path.name}, written under torch {want['torch']} on "
@@ -207,7 +216,7 @@ def test_replay_matches_golden(case: Case, data_print, replay):
                     "(tests/golden.py, build_data); if that is meant, regenerate in a commit of its own: "
                     "python tests/golden.py --write")
     argv = golden.portable_argv(case)
-    if argv != want["argv"]:
+    if [a for a in argv if a != "train.fast_path=false"] != want["argv"]:
         pytest.fail(f"{where}: the case's command changed (tests/golden.py or tests/test_train.py's args_for):\n"
                     f"  golden: {' '.join(want['argv'])}\n  now:    {' '.join(argv)}\n"
                     "if that is meant, regenerate: python tests/golden.py --write")

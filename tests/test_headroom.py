@@ -47,7 +47,8 @@ def test_removing_the_invariant_magnitudes_keeps_the_function_at_init(preset, mo
     # float64: both forms multiply by γ = 1 up to OR's √d·α/‖α‖ rounding (a few u₆₄ = 2⁻⁵³) through 2 blocks: ≲ 1e-14
     assert ((removed(TOKENS) - ref).norm() / ref.norm()).item() <= 1e-12
     dropped = literal.num_params() - removed.num_params()
-    marked = sum(int(m.sum()) for m in literal.invariant_magnitudes().values())
+    params = dict(literal.named_parameters())
+    marked = sum(params[n].numel() for n in literal.invariant_magnitudes())
     if literal.cfg.scale.reparam == "direct":  # a direct vector's weight becomes its direction α: same count
         assert dropped == 0 and not removed.invariant_magnitudes()
     else:

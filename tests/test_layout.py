@@ -1,5 +1,6 @@
 """The import rules of docs/design.md (Layout): the framework never imports the study (repro/), the config kernel
-imports nothing of ours, the model imports nothing from the training side, the packages never import the root
+imports nothing of ours, the model imports nothing from the training side nor the fast path, the fast path only
+the model, the packages never import the root
 config.py, and no two of our modules import each other in a cycle (imports under `if TYPE_CHECKING:` name types
 only and are left out). Read from the source with `ast`, so a rule holds for every file, imported by a test or not."""
 from __future__ import annotations
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("kernel", "model", "data", "optim", "runtime", "scripts", "harness", "repro")
+PACKAGES = ("kernel", "model", "fast", "data", "optim", "runtime", "scripts", "harness", "repro")
 ROOT_MODULES = ("train", "config", "runs")
 
 
@@ -90,8 +91,17 @@ def test_the_model_imports_nothing_of_the_training_side(graph):
     assert not {m: d for m, d in bad.items() if d}
 
 
+def test_the_fast_path_sits_on_the_model_alone(graph):
+    """fast/ reads the reference model (and the config kernel), nothing of the training side: it is applied at build
+    time by runtime/build.py, and the model never knows it exists (the rule above)."""
+    allowed = {"fast", "model", "kernel"}
+    bad = {m: sorted(i for i in deps if _top(i) not in allowed) for m, deps in graph.items() if _top(m) == "fast"}
+    assert not {m: d for m, d in bad.items() if d}
+    assert "fast" in graph["runtime.build"]
+
+
 def test_no_package_imports_the_root_config(graph):
-    libraries = {"kernel", "model", "data", "optim", "runtime"}
+    libraries = {"kernel", "model", "fast", "data", "optim", "runtime"}
     assert not sorted(m for m, deps in graph.items() if _top(m) in libraries and "config" in deps)
 
 

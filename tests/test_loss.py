@@ -1,4 +1,5 @@
-"""The fused LM head + loss (model/loss.py) against the plain path: full logits, then cross-entropy."""
+"""The LM head + loss over chunks, the reference's (model/loss.py) and the fast path's fused one (fast/head.py),
+against full logits, then cross-entropy."""
 from dataclasses import replace
 
 import pytest
@@ -7,8 +8,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from config import load_config
-from model.llama import build_model
-from model.loss import CUDA_CHUNK_BYTES, CUDA_CHUNK_RANGE, _weight_grad_mode, default_chunk_tokens, head_loss
+from fast import build_fast_model as build_model
+from fast.head import FusedHeadLoss, _weight_grad_mode
+from model.llama import build_model as build_reference
+from model.loss import CUDA_CHUNK_BYTES, CUDA_CHUNK_RANGE, chunked_cross_entropy, default_chunk_tokens
 from test_model import PRESETS, preset_model_cfg, randomize_vectors
 
 
@@ -59,7 +62,7 @@ def head_loss_and_grads(model, h, y, chunk):
     model.zero_grad(set_to_none=True)
     h = h.clone().requires_grad_(True)
     with CountOps("add_gemm_") as count:  # the chunks' backward runs inside the loss's forward
-        loss = head_loss(model.norm, model.lm_head, h, y, chunk)
+        loss = FusedHeadLoss()(model.norm, model.lm_head, h, y, chunk)
     loss.backward()
     params = [*model.norm.named_parameters("norm"), *model.lm_head.named_parameters("lm_head")]
     return loss.detach(), {"h": h.grad.clone(), **{n: p.grad.clone() for n, p in params}}, count.calls
@@ -217,7 +220,9 @@ def test_fused_head_compiled_on_cuda_bf16_matches_the_plain_path(name):
     model = build_model(preset_model_cfg(name, vocab_size=1000), device="cuda", seed=4, dtype=torch.bfloat16)
     x, y = (torch.randint(0, 1000, (4, 64), device="cuda") for _ in range(2))
     ref_loss, ref = loss_and_grads(model, x, y, chunk=0)
-    model.compile_for_training(torch.device("cuda"), torch.bfloat16)
+    from runtime.parallel import compile_blocks
+    compile_blocks(model, torch.device("cuda"), torch.bfloat16)
+    model.loss_fn = FusedHeadLoss("inductor")
     loss, grads = loss_and_grads(model, x, y, chunk=96)  # 256 tokens: chunks of 96, 96 and 64
     # bf16 (eps 2⁻⁷): the logits, their gradient and each product are rounded to bf16 on both paths, a few eps apart
     eps = torch.finfo(torch.bfloat16).eps
@@ -239,7 +244,7 @@ def dnp_chunk_inputs(dtype, n=37, vocab=101):
 def test_the_dnp_heads_eager_and_graph_forms_agree(dtype):
     """The vocabulary-Norm chunk in place (eager runs) and as the compiled graphs' functional form (run here
     uncompiled): the same formulas, so equal to the rounding of their fp32 (fp64) arithmetic over 101 logits."""
-    from model.loss import _vocab_norm_dl_, _vocab_norm_eager_, _vocab_norm_stats
+    from fast.head import _vocab_norm_dl_, _vocab_norm_eager_, _vocab_norm_stats
     z, u, targets, inv_rows = dnp_chunk_inputs(dtype)
     loss, r, lse, s = _vocab_norm_stats(z, u, targets, inv_rows, 1e-6, 101)
     dl = z.clone()
@@ -276,8 +281,22 @@ def test_the_eager_dnp_head_holds_at_most_two_chunk_buffers(dtype):
     """The eager chunk of a DNP head writes the logits over z and ∂/∂l back into z, so it allocates one (n, V)
     buffer besides z in fp32 (the softmax) and two for bf16 logits (their fp32 copy too): the baseline's
     cross-entropy allocates three (its fp32 logits, their log-softmax and its gradient)."""
-    from model.loss import _vocab_norm_eager_
+    from fast.head import _vocab_norm_eager_
     z, u, targets, inv_rows = dnp_chunk_inputs(dtype)
     with FreshBuffers(z.numel()) as fresh:
         _vocab_norm_eager_(z, u, targets, inv_rows, 1e-6, 101)
     assert len(fresh.seen - {z.untyped_storage().data_ptr()}) == (1 if dtype == torch.float32 else 2)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_the_reference_head_over_chunks_is_the_loss_over_full_logits(name):
+    """model/loss.py's chunked cross-entropy (each chunk's logits recomputed in backward) against full logits, in
+    the reference model, values and gradients to fp64 rounding."""
+    ref_model = build_reference(preset_model_cfg(name), seed=3, dtype=torch.float64)
+    randomize_vectors(ref_model, seed=3)
+    x, y = torch.randint(0, 67, (3, 13)), torch.randint(0, 67, (3, 13))
+    ref_loss, ref = loss_and_grads(ref_model, x, y, chunk=0)
+    loss, grads = loss_and_grads(ref_model, x, y, chunk=10)  # chunks of 10, 10, 10 and 9 rows
+    assert torch.allclose(loss, ref_loss, rtol=bound(torch.float64, 39), atol=0)
+    assert_grads_close(grads, ref, torch.float64, 67)
+    assert ref_model.loss_fn is chunked_cross_entropy

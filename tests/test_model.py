@@ -96,19 +96,11 @@ def test_reparam_alone_equals_baseline_at_init(reparam):
 
 def randomize_vectors(model: Llama, seed: int = 1) -> None:
     gen = torch.Generator().manual_seed(seed)
-    roles = model.param_roles()  # every scale tensor: a block's banks and the head's own vectors
+    roles = model.param_roles()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if roles[name] in (Role.SCALE_INPUT, Role.SCALE_OUTPUT):
                 p.copy_(0.5 + torch.rand(p.shape, generator=gen, dtype=p.dtype))
-
-
-def vector_roles(model: Llama) -> dict[str, Role]:
-    """The role of every parameter by vector name: a bank's members named as the vectors' own parameters were."""
-    roles = model.param_roles()
-    for bank, members in model.bank_members().items():
-        roles.update({name: roles[bank] for name, _, _ in members})
-    return roles
 
 
 def test_dnp_on_qk_is_explicit_qk_norm():
@@ -140,7 +132,7 @@ def test_folding_preserves_logits(name):
     model = build_model(cfg, dtype=torch.float64)
     randomize_vectors(model)
     plain = build_model(plain_config(cfg), seed=99, dtype=torch.float64)
-    plain.load_state_dict(plain.banked(model.folded_state_dict()))  # export names: one per vector
+    plain.load_state_dict(model.folded_state_dict())
     with torch.no_grad():
         ref, out = model(TOKENS), plain(TOKENS)
     # float64: folding rounds each W·diag(γ) entry (u₆₄), and 2 blocks of ≤ 67-term reductions carry it (≲ 1e-14);
@@ -183,7 +175,7 @@ def test_roles_cover_every_parameter_once(name):
 
 
 def test_unified_roles_input_vs_output():
-    roles = vector_roles(meta_model(preset_model_cfg("unified_literal")))
+    roles = meta_model(preset_model_cfg("unified_literal")).param_roles()
     for n, role in roles.items():
         if ".in_scale." in n or n.startswith("norm.scale"):
             assert role == Role.SCALE_INPUT, n
@@ -191,7 +183,7 @@ def test_unified_roles_input_vs_output():
             assert role == Role.SCALE_OUTPUT, n
     assert roles["lm_head.out_scale.alpha"] == Role.SCALE_OUTPUT
     assert roles["layers.0.attn.q_proj.in_scale.beta"] == Role.SCALE_INPUT
-    gemma = vector_roles(meta_model(preset_model_cfg("gemma")))
+    gemma = meta_model(preset_model_cfg("gemma")).param_roles()
     assert gemma["layers.0.attn.q_norm.scale.weight"] == Role.SCALE_OUTPUT
     assert gemma["layers.0.ffn_out_norm.scale.weight"] == Role.SCALE_OUTPUT
     assert gemma["layers.0.attn_norm.scale.weight"] == Role.SCALE_INPUT
@@ -301,50 +293,9 @@ def test_norm_backward_through_its_output_is_exact():
     assert torch.autograd.gradcheck(lambda t: rms_normalize(t, 1e-3, 5), (padded,))
 
 
-@pytest.mark.parametrize("n_kv_heads", [4, 2])  # 2: GQA, where query head j reads kv head j // 2
-@pytest.mark.parametrize("tokens", [2, 48])  # fewer rows than the widths: vectors on the activations; more: on W
-def test_dnp_u_handed_on_equals_u_on_the_activations(n_kv_heads, tokens):
-    """DNP's u_v and u_up scale o_proj's and down_proj's columns (ScaledLinear.forward, `hand_on`): the same
-    function, values and gradients, as u on the branch's output, with GQA and a padded FFN hidden."""
-    import functools
-    import torch.nn.functional as F
-    from model.llama import _heads
-    from model.rope import rope_tables
-    cfg = preset_model_cfg("unified", n_kv_heads=n_kv_heads, ffn_pad_multiple=32)  # hidden 48 stored as 64
-    torch.manual_seed(0)
-    block = build_model(cfg, "cpu").double().layers[0]
-    for p in block.scales.parameters():
-        torch.nn.init.uniform_(p, 0.5, 1.5)
-    attn, mlp, H, KV, hd = block.attn, block.mlp, cfg.n_heads, cfg.kv_heads, cfg.head_dim
-    assert mlp.up_proj.weight.shape[0] == 64 and attn.v_proj.handed_on() is not None
-
-    def attention_with_u_applied(h, cos, sin):
-        B, T, _ = h.shape
-        q = attn.q_proj(h, then=functools.partial(_heads, shape=(B, T, H, hd), rope=(cos, sin)))
-        k = attn.k_proj(h, then=functools.partial(_heads, shape=(B, T, KV, hd), rope=(cos, sin)))
-        v = attn.v_proj(h, then=functools.partial(_heads, shape=(B, T, KV, hd)))
-        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
-                                           enable_gqa=KV != H)
-        return attn.o_proj(y.transpose(1, 2).reshape(B, T, -1))
-
-    h = torch.randn(1, tokens, cfg.d_model, dtype=torch.float64, requires_grad=True)
-    cos, sin = rope_tables(tokens, hd, cfg.rope_theta, h.device, h.dtype)
-    pairs = [(attn(h, cos, sin), attention_with_u_applied(h, cos, sin)),
-             (mlp(h), mlp.down_proj(F.silu(mlp.gate_proj(h)) * mlp.up_proj(h)))]
-    params = [h, *block.parameters()]
-    for got, ref in pairs:
-        torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)  # fp64, the same terms reassociated
-        g = torch.randn_like(ref)
-        for a, b in zip(torch.autograd.grad(got, params, g, allow_unused=True),
-                        torch.autograd.grad(ref, params, g, allow_unused=True)):
-            assert (a is None) == (b is None)
-            if a is not None:  # ≤ 48-row sums through the Norms' backward: 1e-10 relative
-                torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
-
-
 def test_input_side_magnitudes_in_the_telemetry():
     """Each input-side vector's magnitude is logged on its own key: OR's β with its sign (a sign change shows), ER's
-    e^β, a direct vector's RMS, banked or not (runtime/telemetry.py)."""
+    e^β, a direct vector's RMS (runtime/telemetry.py)."""
     from runtime.telemetry import scale_telemetry
     for name, reparam in (("unified_literal", "or"), ("hg_dnp_er", "er"), ("baseline", "direct")):
         model = build_model(preset_model_cfg(name), "cpu").double()

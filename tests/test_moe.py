@@ -17,7 +17,7 @@ from model.moe import MoE
 from optim import build_optimizer
 from runtime.checkpoint import load_checkpoint, save_checkpoint
 from runtime.moe import moe_step_end
-from test_model import FOLDABLE, PRESETS, randomize_vectors, vector_roles
+from test_model import FOLDABLE, PRESETS, randomize_vectors
 
 V = 61
 
@@ -88,13 +88,12 @@ def test_one_expert_top1_no_shared_is_the_dense_swiglu(preset):
     randomize_vectors(dense)
     moe = build_model(cfg, dtype=torch.float64)
     randomize_vectors(moe, seed=2)  # router vectors get other values: they must not matter
-    src = dense.unbanked(dense.state_dict())  # by vector name: the banks differ (the MoE's holds the router's)
-    state = moe.unbanked(moe.state_dict())
+    src, state = dense.state_dict(), moe.state_dict()
     buffers = {n for n, _ in moe.named_buffers()}  # the balancing state: the MoE's own
     for name, t in state.items():
         if ".router." not in f".{name}" and name not in buffers:
             state[name] = src[name].reshape(t.shape)  # (F, d) → (1, F, d); (F,) → (1, F)
-    moe.load_state_dict(moe.banked(state))
+    moe.load_state_dict(state)
     with torch.no_grad():
         a, b = dense(TOKENS), moe(TOKENS)
     # float64 but for the router (softmax of one logit: exactly 1): the same products in another order, ~K·u₆₄ with
@@ -274,7 +273,7 @@ def test_folding_gives_a_plain_llama_moe(preset):
     model = build_model(cfg, dtype=torch.float64)
     randomize_vectors(model)
     plain = build_model(plain_config(cfg), seed=9, dtype=torch.float64)
-    plain.load_state_dict(plain.banked(model.folded_state_dict()))  # export names: one per vector
+    plain.load_state_dict(model.folded_state_dict())
     assert plain.cfg.moe == cfg.moe and plain.cfg.scale == ScaleConfig()
     with torch.no_grad():
         ref, out = model(TOKENS), plain(TOKENS)
@@ -290,13 +289,13 @@ def test_folding_refuses_dnp(preset):
 def test_roles_and_vector_placement():
     model = meta(replace(moe_cfg("unified"), scale=ScaleConfig(heterogeneous=True, placement="dnp", reparam="or",
                                                               lm_head=True, router=True)))
-    roles = vector_roles(model)
+    roles = model.param_roles()
     p = "layers.0.mlp."
     assert roles[f"{p}gate_proj.weight"] == roles[f"{p}down_proj.weight"] == Role.EXPERT_MATRIX
     assert roles[f"{p}router.weight"] == Role.ROUTER and roles[f"{p}shared_expert.up_proj.weight"] == Role.MATRIX
     assert roles[f"{p}gate_proj.in_scale.alpha"] == roles[f"{p}router.in_scale.beta"] == Role.SCALE_INPUT
     assert roles[f"{p}gate_proj.out_scale.alpha"] == roles[f"{p}router.out_scale.alpha"] == Role.SCALE_OUTPUT
-    shapes = {name: shape for members in model.bank_members().values() for name, _, shape in members}
+    shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
     assert shapes[f"{p}gate_proj.in_scale.alpha"] == (32,)  # one v per branch kind, shared by the experts
     assert shapes[f"{p}gate_proj.out_scale.alpha"] == (8, 21)  # one u per expert, logical width
     assert shapes[f"{p}gate_proj.out_scale.beta"] == (8, 1)
@@ -421,39 +420,6 @@ def test_expert_branch_either_side_equals_the_formula(rows_per_expert, inner):
     g = torch.randn_like(ref)
     for a, b in zip(torch.autograd.grad(got, [x, *br.parameters()], g),
                     torch.autograd.grad(ref, [x, *br.parameters()], g)):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)  # ≤ 27-row sums with the Norm's cancellation
-
-
-@pytest.mark.parametrize("rows_per_expert", [1, 9])
-def test_expert_u_handed_on_to_down_equals_u_on_the_rows(rows_per_expert):
-    """DNP's u_e of the experts' up branch scales down_proj's columns (`hand_on`, model/moe.py): the same function,
-    values and gradients in fp64, as u_e on each row, with padded hidden units (5 → 8)."""
-    from model.config import Role
-    from model.moe import loop_matmul
-    from model.scaling import ExpertBranch, Norm
-    from model.vectors import ScaleVector
-    E, d, f, pad = 3, 4, 5, 8
-    up = ExpertBranch(E, d, f, pad, inner=Norm(pad, 1e-6, None, logical=f),
-                      out_scale=ScaleVector(f, "or", Role.SCALE_OUTPUT, count=E)).double()
-    down = ExpertBranch(E, f, d, d_in_padded=pad).double()
-    with torch.no_grad():
-        for br in (up, down):
-            br.weight.normal_()
-        up.weight[:, f:] = 0.0
-        down.weight[:, :, f:] = 0.0
-        for p in up.out_scale.parameters():
-            p.uniform_(0.5, 1.5)
-    counts = [rows_per_expert] * E
-    expert_of_row = torch.arange(E).repeat_interleave(rows_per_expert)
-    matmul = lambda a, w: loop_matmul(a, w, counts)  # noqa: E731
-    x = torch.randn(E * rows_per_expert, d, dtype=torch.float64, requires_grad=True)
-    gate = torch.nn.functional.silu(torch.randn(E * rows_per_expert, pad, dtype=torch.float64))
-    got = down(gate * up(x, expert_of_row, matmul, hand_on=True), expert_of_row, matmul, handed=up.handed_on())
-    ref = down(gate * up(x, expert_of_row, matmul), expert_of_row, matmul)
-    torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)  # float64, ≤ 8-term sums reassociated
-    params = [x, *up.parameters(), *down.parameters()]
-    g = torch.randn_like(ref)
-    for a, b in zip(torch.autograd.grad(got, params, g), torch.autograd.grad(ref, params, g)):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)  # ≤ 27-row sums with the Norm's cancellation
 
 

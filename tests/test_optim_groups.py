@@ -191,54 +191,52 @@ def _unified(moe: bool = False, *overrides: str):
 
 
 def test_the_magnitudes_that_only_meet_a_norm():
-    """Unified (HG + DNP + OR, DNP on the LM head): every branch's input-side β feeds an inner Norm, so each block's
-    input bank of β is all invariant, and so is the final norm's β (the head's only vector on that side); no α, no
-    output-side vector. In the MoE the router has no inner Norm (model.scale.router false): its β alone is not."""
+    """Unified (HG + DNP + OR, DNP on the LM head): every branch's input-side β feeds an inner Norm, and so does the
+    final norm's β (the head's only vector on that side); no α, no output-side vector. In the MoE the router has no
+    inner Norm (model.scale.router false): its β alone is not marked. On the fast path each block's marked β fill
+    a bank of their own, so a bank decays or not as a whole."""
+    from fast import apply_fast_path
+    from fast.banks import parameter_names
+    branches = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
     cfg, model = _unified()
-    masks = model.invariant_magnitudes()
-    banks = {f"layers.{i}.scales.input.beta" for i in range(cfg.model.n_layers)}
-    assert set(masks) == banks | {"norm.scale.beta"}
-    assert all(bool(m.all()) for m in masks.values())
-    assert all(masks[n].shape == p.shape for n, p in model.named_parameters() if n in masks)
+    marked = model.invariant_magnitudes()
+    assert marked == {f"layers.{i}.{b}.in_scale.beta" for i in range(cfg.model.n_layers) for b in branches} | \
+        {"norm.scale.beta"}
+    params = dict(model.named_parameters())
+    assert all(n in params for n in marked)
+    apply_fast_path(model)
+    assert parameter_names(model, marked) == {f"layers.{i}.scales.input_invariant.beta"
+                                              for i in range(cfg.model.n_layers)} | {"norm.scale.beta"}
     cfg, moe = _unified(True)
-    masks = moe.invariant_magnitudes()
-    bank = moe.layers[0].scales["input"]
-    router = moe.layers[0].mlp.router.in_scale.slot.ranges["beta"]
-    mask = masks["layers.0.scales.input.beta"]
-    assert not bool(mask[router[0]:router[1]].any()) and int(mask.sum()) == bank.beta.numel() - 1
-    _, routed = _unified(True, "model.scale.router=true")  # the router's logits normalized too: all invariant
-    assert bool(routed.invariant_magnitudes()["layers.0.scales.input.beta"].all())
+    marked = moe.invariant_magnitudes()
+    assert "layers.0.mlp.router.in_scale.beta" not in marked and "layers.0.mlp.gate_proj.in_scale.beta" in marked
+    apply_fast_path(moe)
+    assert "layers.0.scales.input.beta" in dict(moe.named_parameters())  # the router's β, in a bank of its own
+    assert "layers.0.scales.input.beta" not in parameter_names(moe, marked)
+    _, routed = _unified(True, "model.scale.router=true")  # the router's logits normalized too: marked
+    assert "layers.0.mlp.router.in_scale.beta" in routed.invariant_magnitudes()
 
 
-def test_a_masked_group_decays_only_the_entries_that_get_gradient():
-    """optim.scale_wd_invariant false: a bank all invariant joins no_decay; one partly invariant joins
-    adamw/decay_masked, where a zero-gradient step decays exactly the other entries by (1 − lr·wd) and a found_inf
-    step changes nothing; the default keeps every β in adamw/decay."""
-    cfg, model = _unified(True)
-    model = type(model)(model.cfg)  # on the CPU, for real steps
-    model.init_weights(0)
-    roles, masks = model.param_roles(), model.invariant_magnitudes()
-    default = {g["name"] for g in param_groups(model.named_parameters(), roles, cfg.optim, None, masks)}
-    assert "adamw/decay_masked" not in default
+def test_the_knob_spares_the_marked_magnitudes_on_both_paths():
+    """optim.scale_wd_invariant false: the marked β (each its own parameter, or the fast path's bank of them) join
+    adamw/no_decay, the router's β stays in adamw/decay; the default keeps every β in adamw/decay."""
+    from fast import apply_fast_path
+    from fast.banks import parameter_names
     spare = OptimConfig(lr=LR, weight_decay=WD, scale_weight_decay="iwd", scale_wd_invariant=False)
-    opt = build_optimizer(model, roles, spare, fused=True)
-    names = {id(p): n for n, p in model.named_parameters()}
-    groups = {g["name"]: [names[id(p)] for p in g["params"]] for g in opt.param_groups}
-    assert groups["adamw/decay_masked"] == [f"layers.{i}.scales.input.beta" for i in range(cfg.model.n_layers)]
-    assert "norm.scale.beta" in groups["adamw/no_decay"]
-    bank = dict(model.named_parameters())["layers.0.scales.input.beta"]
-    keep = masks["layers.0.scales.input.beta"]
-    with torch.no_grad():
-        bank.copy_(torch.linspace(0.5, 1.5, bank.numel()))
-    before = bank.detach().clone()
-    for p in model.parameters():
-        p.grad = torch.zeros_like(p)
-    opt.step(found_inf=torch.ones(()))
-    assert torch.equal(bank, before)
-    set_lr(opt, LR)
-    opt.step(found_inf=torch.zeros(()))
-    expect = torch.where(keep, before, before * (1 - LR * WD))
-    torch.testing.assert_close(bank.detach(), expect, rtol=2 ** -22, atol=0)
+    for fast in (False, True):
+        cfg, model = _unified(True)
+        if fast:
+            apply_fast_path(model)
+        names = {id(p): n for n, p in model.named_parameters()}
+        marked = parameter_names(model, model.invariant_magnitudes())
+        default = param_groups(model.named_parameters(), model.param_roles(), cfg.optim, None, marked)
+        decayed = {names[id(p)] for g in default if g["name"] == "adamw/decay" for p in g["params"]}
+        assert marked <= decayed
+        groups = {g["name"]: {names[id(p)] for p in g["params"]}
+                  for g in param_groups(model.named_parameters(), model.param_roles(), spare, None, marked)}
+        assert marked <= groups["adamw/no_decay"] and not marked & groups["adamw/decay"]
+        router = "layers.0.scales.input.beta" if fast else "layers.0.mlp.router.in_scale.beta"
+        assert router in groups["adamw/decay"]
 
 
 def test_the_knob_needs_dnp_magnitudes():
@@ -271,14 +269,15 @@ def test_an_invariant_magnitude_gets_gradient_only_through_eps():
         model.init_weights(0)
         model(tokens[:, :-1], tokens[:, 1:]).backward()
         grads[eps] = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
-        masks = model.invariant_magnitudes()
-    for name, mask in masks.items():
-        big, small, none = (grads[e][name][mask] for e in (1e-7, 1e-9, 0.0))
+        marked = model.invariant_magnitudes()
+    router = "layers.0.mlp.router.in_scale.beta"  # not marked: a real gradient at eps 0
+    assert marked and router not in marked
+    for name in marked:
+        big, small, none = (grads[e][name] for e in (1e-7, 1e-9, 0.0))
         assert big.abs().min() > 0
         torch.testing.assert_close(big, 100 * small, rtol=2e-2, atol=0)
         assert none.abs().max() <= 1e-9 * big.abs().max()
-        if not bool(mask.all()):  # the router's β: a real gradient at eps 0
-            assert grads[0.0][name][~mask].abs().min() > 1e6 * none.abs().max()
+        assert grads[0.0][router].abs().min() > 1e6 * none.abs().max()
 
 
 # ------------------------------------------------------------------------------------- Muon on the MoE router

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from config import load_config
+from fast.banks import reference_parameters
 from model.llama import build_model
 from optim import decays
 from optim.schedule import lr_at
@@ -73,15 +74,17 @@ def reference_steps(cfg, data: list, steps: int) -> tuple[list[float], list[floa
     return losses, norms, {n: p.detach() for n, p in model.named_parameters()}
 
 
+@pytest.mark.parametrize("fast_path", [True, False])
 @pytest.mark.parametrize("preset", ["baseline", "unified"])
-def test_the_step_is_the_written_out_step(dist_info, preset):
-    """Two micro-batches accumulated, the chunked fused head, FSDP2's one shard, the fused AdamW and the clip: the
-    same numbers as the plain step to float64 rounding. Tolerance: sums of ≤ 10³ terms at u₆₄ ≈ 1e-16 differ in
+def test_the_step_is_the_written_out_step(dist_info, preset, fast_path):
+    """Two micro-batches accumulated, the chunked head (the fast path's fused one, or the reference's), FSDP2's one
+    shard, the fused AdamW and the clip: the same numbers as the plain step to float64 rounding. Tolerance: sums of ≤ 10³ terms at u₆₄ ≈ 1e-16 differ in
     order (chunks, accumulation, fused vs per-parameter AdamW) by ~1e-13 relative, which Adam's normalized update
     does not amplify over 3 steps; 1e-9 leaves room, and a wrong lr, decay or clip moves these by ≥ 1e-4."""
-    cfg = tiny(preset)
+    cfg = tiny(preset, f"train.fast_path={str(fast_path).lower()}")
     data = batches(4)
     trainer = Trainer(cfg, dist_info, FixedBatches(data))
+    assert ("scales" in dict(trainer.model.layers[0].named_children())) == fast_path  # banks: the fast path
     got_losses, got_norms = [], []
     for _ in range(STEPS):
         out = trainer.step()
@@ -91,9 +94,10 @@ def test_the_step_is_the_written_out_step(dist_info, preset):
     assert got_losses == pytest.approx(losses, rel=1e-9, abs=0)
     assert got_norms == pytest.approx(norms, rel=1e-6, abs=0)  # the norm is reported in fp32, as torch's
     assert norms[0] > cfg.optim.grad_clip  # the clip acted
-    for name, p in trainer.model.named_parameters():
-        mine = p.full_tensor() if hasattr(p, "full_tensor") else p
-        torch.testing.assert_close(mine.detach(), params[name], rtol=1e-9, atol=1e-12, msg=name)
+    mine = reference_parameters(trainer.model)  # the fast path's banks by their vectors' names
+    assert mine.keys() == params.keys()
+    for name, p in mine.items():
+        torch.testing.assert_close(p, params[name], rtol=1e-9, atol=1e-12, msg=name)
 
 
 def test_grad_reduce_each_micro_batch_is_the_same_step(dist_info):

@@ -163,9 +163,9 @@ def test_two_fsdp_ranks_match_one_process(data_dir, tmp_path, optimizer, two_ran
 
 
 def test_undecayed_magnitudes_shard_like_their_bank(data_dir, tmp_path, two_ranks):
-    """The masked decay of optim.scale_wd_invariant=false on 2 FSDP2 ranks, each holding part of a β bank and of its
-    mask, matches one process to float64 drift; against the default run, the spared β's keep the decay it took
-    and the router's β does not."""
+    """optim.scale_wd_invariant=false on 2 FSDP2 ranks, each holding part of a bank of spared β (the fast path's
+    `input_invariant`), matches one process to float64 drift; against the default run, the spared β's keep the
+    decay it took and the router's β does not."""
     one = args_for(data_dir, tmp_path, "one", "train.micro_batch=8", *SPARED)
     out, two = two_ranks["spared"]
     train.main(one)
@@ -180,8 +180,10 @@ def test_undecayed_magnitudes_shard_like_their_bank(data_dir, tmp_path, two_rank
     # logged lrs of the 10 steps sum to 0.0171), and the router's β by the drift of its gradient alone.
     lrs = sum(r["lr"] for r in records(tmp_path / "one", "train"))
     for i in range(2):
-        moved = (p1[f"layers.{i}.scales.input.beta"] - p0[f"layers.{i}.scales.input.beta"]).abs().sort().values
-        assert moved[0] < 1e-5 and all(abs(m / (lrs * 0.1) - 1) < 0.1 for m in moved[1:].tolist()), moved
+        betas = [n for n in p1 if n.startswith(f"layers.{i}.") and n.endswith("in_scale.beta")]
+        moved = {n: (p1[n] - p0[n]).abs().item() for n in betas}
+        assert moved.pop(f"layers.{i}.mlp.router.in_scale.beta") < 1e-5
+        assert len(moved) == 7 and all(abs(m / (lrs * 0.1) - 1) < 0.1 for m in moved.values()), moved
 
 
 def test_two_fsdp_ranks_bf16_first_steps(data_dir, tmp_path, two_ranks):
@@ -242,25 +244,26 @@ def test_two_rank_resume_is_bit_identical(two_ranks):
 
 
 def poison(steps: set[int], micro_per_step: int = 2):
-    """Replace the fused head + loss by one whose training loss is NaN in the given steps (evaluation untouched)."""
-    import model.llama
-    real = model.llama.head_loss
+    """Replace the fused head + loss (the fast path's, fast/head.py) by one whose training loss is NaN in the given
+    steps (evaluation untouched)."""
+    from fast.head import FusedHeadLoss
+    real = FusedHeadLoss.__call__
     calls = {"n": 0}
 
-    def poisoned(*args, **kwargs):
-        loss = real(*args, **kwargs)
+    def poisoned(self, *args, **kwargs):
+        loss = real(self, *args, **kwargs)
         if not torch.is_grad_enabled():  # evaluation
             return loss
         calls["n"] += 1
         return loss * float("nan") if (calls["n"] - 1) // micro_per_step + 1 in steps else loss
 
-    model.llama.head_loss = poisoned
+    FusedHeadLoss.__call__ = poisoned
     return real
 
 
 def test_nonfinite_loss_stops_before_checkpoint(data_dir, tmp_path, monkeypatch):
-    import model.llama
-    monkeypatch.setattr(model.llama, "head_loss", model.llama.head_loss)  # restored after the test
+    from fast.head import FusedHeadLoss
+    monkeypatch.setattr(FusedHeadLoss, "__call__", FusedHeadLoss.__call__)  # restored after the test
     poison({3, 4, 5, 6})
     argv = args_for(data_dir, tmp_path, "nan", "train.ckpt_every=1", "train.eval_every=100")
     with pytest.raises(NonFiniteError, match="at step 3"):
@@ -307,8 +310,8 @@ def _skip_worker(rank: int, world: int, rdzv: Rendezvous, argv: list[str]) -> No
 def test_nonfinite_step_is_skipped_on_every_rank(data_dir, tmp_path, monkeypatch, world):
     """on_nonfinite: skip. The poisoned step 3 changes no parameter and no optimizer state on any rank, is counted in
     metrics.jsonl, and the run goes on to the end."""
-    import model.llama
-    monkeypatch.setattr(model.llama, "head_loss", model.llama.head_loss)
+    from fast.head import FusedHeadLoss
+    monkeypatch.setattr(FusedHeadLoss, "__call__", FusedHeadLoss.__call__)
     argv = args_for(data_dir, tmp_path, "skip", "train.on_nonfinite=skip", "train.ckpt_every=1",
                     "train.keep_ckpts=10", "train.eval_every=100")
     if world == 1:
@@ -327,8 +330,8 @@ def test_nonfinite_step_is_skipped_on_every_rank(data_dir, tmp_path, monkeypatch
 
 
 def test_too_many_skips_in_a_row_stop_the_run(data_dir, tmp_path, monkeypatch):
-    import model.llama
-    monkeypatch.setattr(model.llama, "head_loss", model.llama.head_loss)
+    from fast.head import FusedHeadLoss
+    monkeypatch.setattr(FusedHeadLoss, "__call__", FusedHeadLoss.__call__)
     poison({2, 4, 5, 6})
     argv = args_for(data_dir, tmp_path, "diverged", "train.on_nonfinite=skip", "train.max_consecutive_skips=2",
                     "train.ckpt_every=1", "train.eval_every=100")
@@ -479,17 +482,17 @@ def test_epochs_are_logged_and_a_repeat_warns(tmp_path, shakespeare_text, capsys
 
 def _term_worker(rank: int, world: int, rdzv: Rendezvous, argv: list[str]) -> None:
     if rank == 0:  # only rank 0 is asked to stop, during the forward of step 3
-        import model.llama
-        real, calls = model.llama.head_loss, {"n": 0}
+        from fast.head import FusedHeadLoss
+        real, calls = FusedHeadLoss.__call__, {"n": 0}
 
-        def terminating(*args, **kwargs):
+        def terminating(self, *args, **kwargs):
             if torch.is_grad_enabled():  # training forwards only, not evaluation's
                 calls["n"] += 1
                 if calls["n"] == 5:  # 2 micro-batches per step on each of 2 ranks: step 3's first forward
                     signal.raise_signal(signal.SIGTERM)
-            return real(*args, **kwargs)
+            return real(self, *args, **kwargs)
 
-        model.llama.head_loss = terminating
+        FusedHeadLoss.__call__ = terminating
     _worker(rank, world, rdzv, [argv])
 
 

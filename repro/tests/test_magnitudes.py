@@ -35,7 +35,7 @@ def test_magnitudes_of_a_unified_run(unified_run, capsys):
     # Adam's ratio for layer 0's q_proj β, from the checkpoint by hand: 3 steps, betas (0.9, 0.95)
     from runtime.checkpoint import checkpoint_tensors, latest_checkpoint
     flat = checkpoint_tensors(latest_checkpoint(tmp_path / "u" / "checkpoints"))
-    state = ".optim.state.layers.0.scales.input.beta."
+    state = ".optim.state.layers.0.attn.q_proj.in_scale.beta."
     m = flat[state + "exp_avg"].double()[0] / (1 - 0.9 ** 3)
     v = flat[state + "exp_avg_sq"].double()[0] / (1 - 0.95 ** 3)
     assert f"| {(m / (v.sqrt() + 1e-8)).item():+.2f} |" in rows[0]
