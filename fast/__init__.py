@@ -20,7 +20,8 @@ import torch
 import torch.nn as nn
 
 from fast.banks import bank_blocks
-from fast.branches import (FastAttention, FastExpertBranch, FastMLP, FastMoE, FastNorm, FastScaledLinear)
+from fast.branches import (FastAttention, FastExpertBranch, FastMLP, FastMoE, FastNorm, FastScaledLinear,
+                           quiet_recompute_caution)
 from fast.head import FusedHeadLoss
 from kernel.config import ConfigError
 from model.config import ModelConfig, ScaleConfig
@@ -57,6 +58,7 @@ def apply_fast_path(model: Llama, compile_backend: Optional[str] = None) -> Llam
             setattr(model.get_submodule(parent) if parent else model, leaf, _as(fast, module))
     bank_blocks(model)
     model.loss_fn = FusedHeadLoss(compile_backend)
+    quiet_recompute_caution()
     return model
 
 

@@ -12,6 +12,7 @@ roles and checkpoints are the reference's.
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Callable, Optional
 
 import torch
@@ -80,6 +81,22 @@ def recomputed(fn: Callable, *args):
         return checkpoint(fn, *args, use_reentrant=False,
                           context_fn=functools.partial(create_selective_checkpoint_contexts, _save_statistics))
     return fn(*args)
+
+
+class _NoInPlaceCaution(logging.Filter):
+    """Drops torch's one caution that a compiled checkpoint with a context_fn must hold no in-place op: the regions
+    `recomputed` marks are elementwise chains with none (tests/test_compile.py checks their gradients against
+    eager's), so the four lines would only alarm a first run."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "context_fn is passed to torch.utils.checkpoint under torch.compile" not in record.getMessage()
+
+
+def quiet_recompute_caution() -> None:
+    """Install `_NoInPlaceCaution` once on the logger torch warns through (at build time: never on import)."""
+    logger = logging.getLogger("torch._higher_order_ops.wrap")
+    if not any(isinstance(f, _NoInPlaceCaution) for f in logger.filters):
+        logger.addFilter(_NoInPlaceCaution())
 
 
 def _save_statistics(ctx, op, *args, **kwargs) -> CheckpointPolicy:

@@ -312,3 +312,17 @@ def test_a_new_design_in_the_reference_alone_trains_with_the_fast_path_off(data_
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "ToyVector" in err and "train.fast_path=false" in err, err
     assert not (tmp_path / "toy-fast" / "metrics.jsonl").exists()
+
+
+def test_the_first_run_shows_no_recompute_caution():
+    """torch's four-line caution about in-place ops in a compiled checkpoint with a context_fn (our recomputed
+    regions hold none) is dropped on its logger once the fast path is applied; other warnings there pass."""
+    import logging
+    build_fast_model(preset_model_cfg("unified"))
+    logger = logging.getLogger("torch._higher_order_ops.wrap")
+
+    def passes(msg: str) -> bool:
+        return all(f.filter(logging.LogRecord(logger.name, logging.WARNING, __file__, 1, msg, None, None))
+                   for f in logger.filters)
+    assert not passes("\nDetected that context_fn is passed to torch.utils.checkpoint under torch.compile.\nPlease")
+    assert passes("something else")
