@@ -8,12 +8,14 @@ transformers and safetensors are imported only when a function needs them: nothi
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from model.config import ModelConfig
-from model.llama import Llama
+from model.config import ModelConfig, ScaleConfig
+from model.llama import Llama, ffn_branches
+from model.scaling import Norm, ScaledLinear
 
 
 _LAYER_NAMES = {  # ours → transformers', inside layers.{i}
@@ -29,10 +31,51 @@ _LAYER_NAMES = {  # ours → transformers', inside layers.{i}
 }
 
 
+@torch.no_grad()
+def folded_state_dict(model: Llama) -> dict[str, torch.Tensor]:
+    """Fold every vector into the adjacent weights: the state dict of a plain Llama (`plain_config`) with identical
+    outputs, in logical (unpadded) shapes. A shared pre-norm γ that is its group's only vector stays on the norm, so
+    the baseline exports unchanged. Refuses designs with an inner Norm (DNP) or Gemma norms."""
+    if not model.cfg.scale.foldable or model.cfg.gemma_norms:
+        raise ValueError("only designs without an inner Norm fold into a plain Llama: "
+                         "DNP and the Gemma norms add normalizations a plain Llama does not have")
+    out: dict[str, torch.Tensor] = {"tok_embeddings.weight": model.tok_embeddings.weight.detach().clone()}
+    dtype = model.tok_embeddings.weight.dtype
+
+    def fold_group(norm: Norm, branches: dict[str, ScaledLinear], norm_key: str) -> None:
+        gamma = norm.scale() if norm.scale is not None else None
+        keep_on_norm = gamma is not None and all(b.in_scale is None and b.out_scale is None
+                                                 for b in branches.values())
+        out[norm_key] = gamma.detach().clone() if keep_on_norm else torch.ones(norm.dim, dtype=dtype)
+        for key, branch in branches.items():
+            out[key] = branch.folded_weight(None if keep_on_norm else gamma)
+
+    for i, blk in enumerate(model.layers):
+        p = f"layers.{i}."
+        fold_group(blk.attn_norm, {f"{p}attn.{n}.weight": getattr(blk.attn, n) for n in ("q_proj", "k_proj", "v_proj")},
+                   f"{p}attn_norm.scale.weight")
+        fold_group(blk.ffn_norm, {f"{p}mlp.{n}.weight": b for n, b in ffn_branches(blk.mlp)}, f"{p}ffn_norm.scale.weight")
+        out[f"{p}attn.o_proj.weight"] = blk.attn.o_proj.weight.detach().clone()
+        for name, t in blk.mlp.state_dict().items():  # down projections, MoE buffers: unchanged
+            if not {"in_scale", "out_scale"} & set(name.split(".")):
+                out.setdefault(f"{p}mlp.{name}", t.detach().clone())
+    fold_group(model.norm, {"lm_head.weight": model.lm_head}, "norm.scale.weight")
+    for name, shape in model.logical_shapes().items():  # drop the FFN padding (zeros: nothing folds into it)
+        out[name] = out[name][tuple(slice(0, n) for n in shape)].contiguous()
+    return out
+
+
+def plain_config(cfg: ModelConfig) -> ModelConfig:
+    """The plain Llama (or Llama-MoE) that `folded_state_dict` fills: same sizes, one direct γ per norm, nothing else,
+    and no FFN padding (the folded weights are logical)."""
+    moe = None if cfg.moe is None else replace(cfg.moe, pad_multiple=None)
+    return replace(cfg, scale=ScaleConfig(), gemma_norms=False, ffn_pad_multiple=1, moe=moe)
+
+
 def hf_state_dict(model: Llama) -> dict[str, torch.Tensor]:
     """The folded, unpadded weights under transformers' LlamaForCausalLM names."""
     out = {}
-    for key, value in model.folded_state_dict().items():
+    for key, value in folded_state_dict(model).items():
         if key.startswith("layers."):
             _, i, rest = key.split(".", 2)
             out[f"model.layers.{i}.{_LAYER_NAMES[rest]}"] = value

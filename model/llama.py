@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import zlib
-from dataclasses import replace
 from typing import Iterator, Optional
 
 import torch
@@ -16,7 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from model.config import ModelConfig, Role, ScaleConfig
+from model.config import ModelConfig, Role
 from model.loss import HeadLoss, chunked_cross_entropy
 from model.moe import MoE
 from model.rope import apply_rope, rope_tables
@@ -210,7 +209,7 @@ class Llama(nn.Module):
         out: list[tuple[Norm, list[ScaledLinear | ExpertBranch]]] = []
         for blk in self.layers:
             out.append((blk.attn_norm, [blk.attn.q_proj, blk.attn.k_proj, blk.attn.v_proj]))
-            out.append((blk.ffn_norm, [b for _, b in _ffn_branches(blk.mlp)]))
+            out.append((blk.ffn_norm, [b for _, b in ffn_branches(blk.mlp)]))
         out.append((self.norm, [self.lm_head]))
         return out
 
@@ -235,80 +234,8 @@ class Llama(nn.Module):
             if isinstance(module, ScaleVector):
                 yield name, module
 
-    # ------------------------------------------------------------------------------------------ counting
 
-    def num_params(self, exclude_embedding: bool = False) -> int:
-        """Logical parameters: the zero padding of FFN hidden sizes is not counted."""
-        n = sum(p.numel() for p in self.parameters()) - self.padding_zeros()
-        return n - self.tok_embeddings.weight.numel() if exclude_embedding else n
-
-    def activated_params(self, exclude_embedding: bool = False) -> int:
-        """The parameters one token uses: all but the routed experts it is not sent to (docs/paper.md §2.3's "activated";
-        = num_params for a dense model)."""
-        return self.num_params(exclude_embedding) - sum(m.inactive_params() for _, m in self.moe_layers())
-
-    def _padding(self) -> dict[str, int]:
-        """{parameter name: its stored zeros} for every FFN weight."""
-        params = dict(self.named_parameters())
-        return {n: params[n].numel() - math.prod(shape) for n, shape in self.logical_shapes().items()}
-
-    def padding_zeros(self) -> int:
-        """Stored zeros of the FFN padding: memory, never parameters."""
-        return sum(self._padding().values())
-
-    def params_by_role(self) -> dict[str, int]:
-        """Logical parameters per role."""
-        params, padding = dict(self.named_parameters()), self._padding()
-        counts = {role.value: 0 for role in Role}
-        for name, role in self.param_roles().items():
-            counts[role.value] += params[name].numel() - padding.get(name, 0)
-        return counts
-
-    def flops_per_token(self, seq_len: int) -> int:
-        """Training FLOPs per token: 6·N plus attention scores and values, 12·n_layers·n_heads·head_dim·seq_len (PaLM's
-        count, without halving for the causal mask). N = activated parameters without the input embedding: for a
-        dense model, the paper's compute axis (docs/paper.md §3.6); for MoE, what a token costs (MFU). The paper's MoE
-        compute axis counts total parameters instead (§3.6)."""
-        c = self.cfg
-        return 6 * self.activated_params(exclude_embedding=True) + 12 * c.n_layers * c.n_heads * c.head_dim * seq_len
-
-    # ------------------------------------------------------------------------------------------ folding
-
-    @torch.no_grad()
-    def folded_state_dict(self) -> dict[str, torch.Tensor]:
-        """Fold every vector into the adjacent weights: the state dict of a plain Llama (`plain_config`) with
-        identical outputs, in logical (unpadded) shapes. A shared pre-norm γ that is its group's only vector stays on
-        the norm, so the baseline exports unchanged. Refuses designs with an inner Norm (DNP) or Gemma norms."""
-        if not self.cfg.scale.foldable or self.cfg.gemma_norms:
-            raise ValueError("only designs without an inner Norm fold into a plain Llama: "
-                             "DNP and the Gemma norms add normalizations a plain Llama does not have")
-        out: dict[str, torch.Tensor] = {"tok_embeddings.weight": self.tok_embeddings.weight.detach().clone()}
-
-        def fold_group(norm: Norm, branches: dict[str, ScaledLinear], norm_key: str) -> None:
-            gamma = norm.scale() if norm.scale is not None else None
-            keep_on_norm = gamma is not None and all(b.in_scale is None and b.out_scale is None
-                                                     for b in branches.values())
-            out[norm_key] = gamma.detach().clone() if keep_on_norm else torch.ones(norm.dim, dtype=_dtype(self))
-            for key, branch in branches.items():
-                out[key] = branch.folded_weight(None if keep_on_norm else gamma)
-
-        for i, blk in enumerate(self.layers):
-            p = f"layers.{i}."
-            fold_group(blk.attn_norm, {f"{p}attn.{n}.weight": getattr(blk.attn, n)
-                                       for n in ("q_proj", "k_proj", "v_proj")}, f"{p}attn_norm.scale.weight")
-            fold_group(blk.ffn_norm, {f"{p}mlp.{n}.weight": b for n, b in _ffn_branches(blk.mlp)},
-                       f"{p}ffn_norm.scale.weight")
-            out[f"{p}attn.o_proj.weight"] = blk.attn.o_proj.weight.detach().clone()
-            for name, t in blk.mlp.state_dict().items():  # down projections, MoE buffers: unchanged
-                if not {"in_scale", "out_scale"} & set(name.split(".")):
-                    out.setdefault(f"{p}mlp.{name}", t.detach().clone())
-        fold_group(self.norm, {"lm_head.weight": self.lm_head}, "norm.scale.weight")
-        for name, shape in self.logical_shapes().items():  # drop the FFN padding (zeros: nothing folds into it)
-            out[name] = out[name][tuple(slice(0, n) for n in shape)].contiguous()
-        return out
-
-
-def _ffn_branches(mlp: nn.Module) -> list[tuple[str, ScaledLinear | ExpertBranch]]:
+def ffn_branches(mlp: nn.Module) -> list[tuple[str, ScaledLinear | ExpertBranch]]:
     """The linear maps that read the FFN pre-norm's output, by name under the block's `mlp`."""
     if not isinstance(mlp, MoE):
         return [("gate_proj", mlp.gate_proj), ("up_proj", mlp.up_proj)]
@@ -319,17 +246,6 @@ def _ffn_branches(mlp: nn.Module) -> list[tuple[str, ScaledLinear | ExpertBranch
     if mlp.shared_expert_gate is not None:
         out.append(("shared_expert_gate", mlp.shared_expert_gate))
     return out
-
-
-def plain_config(cfg: ModelConfig) -> ModelConfig:
-    """The plain Llama (or Llama-MoE) that `folded_state_dict` fills: same sizes, one direct γ per norm, nothing
-    else, and no FFN padding (the folded weights are logical)."""
-    moe = None if cfg.moe is None else replace(cfg.moe, pad_multiple=None)
-    return replace(cfg, scale=ScaleConfig(), gemma_norms=False, ffn_pad_multiple=1, moe=moe)
-
-
-def _dtype(model: nn.Module) -> torch.dtype:
-    return next(model.parameters()).dtype
 
 
 def _copy_full(p: torch.Tensor, full: torch.Tensor) -> None:

@@ -1,27 +1,72 @@
-"""A model's parameter and FLOP breakdown: what `train.py --dry-run` and `scripts.inspect_model` print."""
+"""A model's parameter and FLOP counts, and their breakdown: what `train.py --dry-run` and `scripts.inspect_model`
+print."""
 from __future__ import annotations
 
+import math
+
+from model.config import Role
 from model.llama import Llama
+
+
+def num_params(model: Llama, exclude_embedding: bool = False) -> int:
+    """Logical parameters: the zero padding of FFN hidden sizes is not counted."""
+    n = sum(p.numel() for p in model.parameters()) - padding_zeros(model)
+    return n - model.tok_embeddings.weight.numel() if exclude_embedding else n
+
+
+def activated_params(model: Llama, exclude_embedding: bool = False) -> int:
+    """The parameters one token uses: all but the routed experts it is not sent to (docs/paper.md §2.3's
+    "activated"; = num_params for a dense model)."""
+    return num_params(model, exclude_embedding) - sum(m.inactive_params() for _, m in model.moe_layers())
+
+
+def _padding(model: Llama) -> dict[str, int]:
+    """{parameter name: its stored zeros} for every FFN weight."""
+    params = dict(model.named_parameters())
+    return {n: params[n].numel() - math.prod(shape) for n, shape in model.logical_shapes().items()}
+
+
+def padding_zeros(model: Llama) -> int:
+    """Stored zeros of the FFN padding: memory, never parameters."""
+    return sum(_padding(model).values())
+
+
+def params_by_role(model: Llama) -> dict[str, int]:
+    """Logical parameters per role."""
+    params, padding = dict(model.named_parameters()), _padding(model)
+    counts = {role.value: 0 for role in Role}
+    for name, role in model.param_roles().items():
+        counts[role.value] += params[name].numel() - padding.get(name, 0)
+    return counts
+
+
+def flops_per_token(model: Llama, seq_len: int) -> int:
+    """Training FLOPs per token: 6·N plus attention scores and values, 12·n_layers·n_heads·head_dim·seq_len (PaLM's
+    count, without halving for the causal mask). N = activated parameters without the input embedding: for a dense
+    model, the paper's compute axis (docs/paper.md §3.6); for MoE, what a token costs (MFU). The paper's MoE compute
+    axis counts total parameters instead (§3.6)."""
+    c = model.cfg
+    return 6 * activated_params(model, exclude_embedding=True) + 12 * c.n_layers * c.n_heads * c.head_dim * seq_len
 
 
 def breakdown(model: Llama, seq_len: int) -> dict:
     """Counts of a (possibly meta-device) model; the keys docs/design.md's inspect_model contract names."""
-    by_role = model.params_by_role()
+    by_role = params_by_role(model)
     scale = by_role["scale_input"] + by_role["scale_output"]
     return {
-        "total_params": model.num_params(),
-        "non_embedding_params": model.num_params(exclude_embedding=True),
-        "activated_params": model.activated_params(),  # one token's parameters (MoE: top-k routed experts)
+        "total_params": num_params(model),
+        "non_embedding_params": num_params(model, exclude_embedding=True),
+        "activated_params": activated_params(model),  # one token's parameters (MoE: top-k routed experts)
         "scale_params": scale,
-        "scale_fraction": scale / model.num_params(),
+        "scale_fraction": scale / num_params(model),
         "by_role": by_role,
         "n_scale_vectors": sum(1 for _ in model.scale_vectors()),
         "vocab_size": model.cfg.vocab_size,
         "seq_len": seq_len,
-        "flops_per_token": model.flops_per_token(seq_len),
+        "flops_per_token": flops_per_token(model, seq_len),
         # storage, not parameters: FFN hidden sizes zero-padded to ffn_pad_multiple (every count above is logical)
         "ffn_pad_multiple": model.cfg.ffn_pad_multiple,
-        "padding_zeros": model.padding_zeros(),
+        "padding_zeros": padding_zeros(model),
         "scale": vars(model.cfg.scale) | {"gemma_norms": model.cfg.gemma_norms},
         "moe": None if model.cfg.moe is None else vars(model.cfg.moe),
     }

@@ -7,7 +7,7 @@ first reader in figure order (1, 3, 5, 6, …, 10; a figure's runs in panel orde
 6's and 10's baseline. `canonical` gives that reader; repro/jobs.py builds a paper-scale job from it.
 
 Compute. FLOPs = the model's own training FLOPs per token × the tokens its steps read (steps × global_batch ×
-seq_len). Llama.flops_per_token counts forward and backward: 6·N, N the activated parameters without the input
+seq_len). model.summary.flops_per_token counts forward and backward: 6·N, N the activated parameters without the input
 embedding (the LM head included), plus attention's scores and values, 12·n_layers·n_heads·head_dim·seq_len (PaLM's
 count, the causal mask not halved). Node-hours of 8 H100s at a stated MFU: FLOPs / (8 × 989 TFLOP/s × MFU), 989
 TFLOP/s being the H100 SXM's dense bf16 tensor-core peak (no sparsity).
@@ -28,6 +28,7 @@ import torch
 from config import RunConfig, strategy_name
 from data.prepare import DEFAULT_SHARD_TOKENS, prepare_command
 from model.llama import Llama
+from model.summary import activated_params, flops_per_token, num_params
 from repro.experiments import config_of, experiment_key
 from repro.figures import FIGURES
 
@@ -139,8 +140,8 @@ def experiment(group: tuple[Reader, ...], overrides: tuple[str, ...] = ()) -> Ex
     cfg = config_of(["--config", config_path(*group[0]), *overrides])
     with torch.device("meta"):  # shapes only: no memory, no weights
         model = Llama(cfg.model)
-    return Experiment(group, cfg, model.flops_per_token(cfg.data.seq_len), model.num_params(),
-                      model.activated_params(exclude_embedding=True))
+    return Experiment(group, cfg, flops_per_token(model, cfg.data.seq_len), num_params(model),
+                      activated_params(model, exclude_embedding=True))
 
 
 def experiments(overrides: tuple[str, ...] = ()) -> list[Experiment]:

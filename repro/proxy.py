@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import Optional
 
 from config import RunConfig, load_config
+from model.summary import num_params
 
 PROXY = Path("configs/proxy/tiny.yaml")
 TOKENS_PER_PARAM = 10.5  # the target; every run of every comparison ends at ≥ MIN_TOKENS_PER_PARAM
@@ -153,12 +154,12 @@ class Sizing:
 
 def compute_params(cfg: RunConfig) -> int:
     """N of the compute axis: every parameter but the input embedding (total, not activated, for MoE)."""
-    return _meta_model(cfg).num_params(exclude_embedding=True)
+    return num_params(_meta_model(cfg), exclude_embedding=True)
 
 
 def total_params(cfg: RunConfig) -> int:
     """Every parameter, the input embedding included: the other way to count N, beside compute_params."""
-    return _meta_model(cfg).num_params()
+    return num_params(_meta_model(cfg))
 
 
 def _meta_model(cfg: RunConfig):

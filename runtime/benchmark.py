@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 
+from model.summary import activated_params, num_params
 from runtime.precision import DTYPE_NAMES, Precision, cpu_arithmetic, resolve_precision
 
 if TYPE_CHECKING:  # the type only: the root config.py composes the sections (docs/design.md, Layout)
@@ -87,8 +88,8 @@ def build_ours(cfg: RunConfig, di, batches) -> Runner:
     def forward() -> torch.Tensor:  # the step's forward on the source's next batch (runtime/footprint.py)
         x, y = batches.next_batch()
         return model(x, y, loss_chunk=cfg.train.loss_chunk_tokens)
-    return Runner(lambda: trainer.step().losses[0].item(), model, trainer.optimizer, model.num_params(),
-                  model.activated_params(), trainer.precision, forward)
+    return Runner(lambda: trainer.step().losses[0].item(), model, trainer.optimizer, num_params(model),
+                  activated_params(model), trainer.precision, forward)
 
 
 def build_hf_reference(cfg: RunConfig, device: torch.device, seq_len: int, batches) -> Runner:
@@ -266,6 +267,7 @@ def time_designs(designs: list[Design], di, batches, steps: int, warmup: int,
     activations, parameter tensors and ops per step (runtime/footprint.py) join its row. Returns the table's header
     and rows."""
     from model.llama import Llama
+    from model.summary import flops_per_token
     from runtime.metrics import peak_flops
     cfg0 = designs[0].cfg
     B, T = cfg0.train.micro_batch, cfg0.data.seq_len
@@ -278,7 +280,7 @@ def time_designs(designs: list[Design], di, batches, steps: int, warmup: int,
     footprints: dict = {}
     peak = peak_flops(di.device)
     with torch.device("meta"):
-        flops = {d.name: Llama(d.cfg.model).flops_per_token(T) for d in designs}  # hf-llama: its source's
+        flops = {d.name: flops_per_token(Llama(d.cfg.model), T) for d in designs}  # hf-llama: its source's
     dev = (torch.cuda.get_device_name(di.device) if not cpu else
            f"cpu ({torch.get_num_threads()} threads, {cpu_arithmetic().name}"
            f"{', bf16 arithmetic' if cpu_arithmetic().has_bf16 else ', no bf16 arithmetic'})")

@@ -35,6 +35,7 @@ from data.loader import TrainLoader, batch_digest, resolve_prefetch
 from data.prepare import ensure_prepared
 from data.shards import DataError, load_meta
 from data.verify import ShardCheck
+from model.summary import flops_per_token as count_flops
 from optim import clip_grad_norm, lr_at, set_lr
 from runtime.build import build_training_model
 from runtime.checkpoint import complete_checkpoints, damaged_files, load_checkpoint, load_extra, save_checkpoint
@@ -327,7 +328,7 @@ class Trainer:
                               f"({self.run_dir}): there is nothing to train before it. Pass a step above "
                               f"{self.step_count}, or leave out --stop-at-step to train on to {t.steps}")
         logger = RunLogger(self.run_dir, cfg, di.rank, t.steps, start_step=self.step_count, tags=wandb_tags)
-        flops_per_token = self.model.flops_per_token(cfg.data.seq_len)
+        flops_per_token = count_flops(self.model, cfg.data.seq_len)
         peak = peak_flops(di.device)
         stop = StopConsensus(di)  # every rank stops at the same step
         loss_value, failed = None, False

@@ -21,6 +21,7 @@ from kernel.config import ConfigError
 from data.tokenizer import TokenizerError
 from model.hf import export
 from model.llama import build_model
+from model.summary import num_params
 from runtime.checkpoint import CheckpointError, load_model_weights
 from runtime.files import out_path_problem
 
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
     out = export(model, args.out, max_positions=max(cfg.data.seq_len, 2048), dtype=getattr(torch, args.dtype))
-    print(f"wrote {out}/config.json and model.safetensors ({model.num_params():,} parameters before folding)")
+    print(f"wrote {out}/config.json and model.safetensors ({num_params(model):,} parameters before folding)")
     return 0
 
 

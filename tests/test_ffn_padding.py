@@ -19,6 +19,7 @@ from kernel.config import resume_conflicts
 from optim.config import OptimConfig
 from model.config import ModelConfig, MoEConfig
 from model.llama import Llama, build_model
+from model.summary import activated_params, flops_per_token, num_params, padding_zeros, params_by_role
 from optim import build_optimizer
 from runtime.checkpoint import CheckpointError, load_checkpoint, load_model_weights, save_checkpoint
 from test_model import randomize_vectors
@@ -79,12 +80,12 @@ def test_padded_model_equals_unpadded(kind, preset, dtype):
         randomize_vectors(m)
     shapes = {n: tuple(p.shape) for n, p in plain.named_parameters()}
     assert padded.logical_shapes() == plain.logical_shapes() == {n: shapes[n] for n in plain.logical_shapes()}
-    assert plain.padding_zeros() == 0
+    assert padding_zeros(plain) == 0
     # Counts, FLOPs (and so MFU) are logical; the vectors keep the logical width, so no parameter is padding.
-    assert padded.num_params() == plain.num_params() and padded.params_by_role() == plain.params_by_role()
-    assert padded.activated_params() == plain.activated_params()
-    assert padded.flops_per_token(128) == plain.flops_per_token(128)
-    assert padded.padding_zeros() == sum(p.numel() for p in padding_of(padded).values()) > 0
+    assert num_params(padded) == num_params(plain) and params_by_role(padded) == params_by_role(plain)
+    assert activated_params(padded) == activated_params(plain)
+    assert flops_per_token(padded, 128) == flops_per_token(plain, 128)
+    assert padding_zeros(padded) == sum(p.numel() for p in padding_of(padded).values()) > 0
     if preset == "unified":  # DNP's inner Norm on gate/up divides by the logical width, not the stored one
         mlp = padded.layers[0].mlp
         branches = [mlp.gate_proj, mlp.up_proj] + ([mlp.shared_expert.gate_proj] if kind == "moe" else [])

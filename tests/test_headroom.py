@@ -13,6 +13,7 @@ from scripts import plot, summarize
 from config import load_config
 from kernel.config import ConfigError
 from model.llama import Llama, build_model
+from model.summary import num_params
 from runtime.telemetry import HeadroomSite, HeadroomWatch, norm_headroom
 from train_harness import args_for, data_dir, records  # noqa: F401  (data_dir is a fixture)
 
@@ -46,7 +47,7 @@ def test_removing_the_invariant_magnitudes_keeps_the_function_at_init(preset, mo
     ref = literal(TOKENS)
     # float64: both forms multiply by γ = 1 up to OR's √d·α/‖α‖ rounding (a few u₆₄ = 2⁻⁵³) through 2 blocks: ≲ 1e-14
     assert ((removed(TOKENS) - ref).norm() / ref.norm()).item() <= 1e-12
-    dropped = literal.num_params() - removed.num_params()
+    dropped = num_params(literal) - num_params(removed)
     params = dict(literal.named_parameters())
     marked = sum(params[n].numel() for n in literal.invariant_magnitudes())
     if literal.cfg.scale.reparam == "direct":  # a direct vector's weight becomes its direction α: same count

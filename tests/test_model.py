@@ -7,7 +7,9 @@ import torch
 
 from config import load_config
 from model.config import ModelConfig, Role, ScaleConfig
-from model.llama import Llama, build_model, plain_config
+from model.hf import folded_state_dict, plain_config
+from model.llama import Llama, build_model
+from model.summary import flops_per_token, num_params, params_by_role
 from model.scaling import ScaledLinear, rms_normalize
 from model.vectors import ScaleVector
 
@@ -47,16 +49,16 @@ def test_paper_parameter_counts(size):
     base_cfg = load_config(f"configs/dense/{size}.yaml").model
     base = meta_model(base_cfg)
     baseline_total, unified_total = PAPER_DENSE[size]
-    assert base.num_params() == baseline_total
-    by_role = base.params_by_role()
+    assert num_params(base) == baseline_total
+    by_role = params_by_role(base)
     assert by_role["scale_input"] == (2 * base_cfg.n_layers + 1) * base_cfg.d_model
     assert by_role["scale_output"] == 0
     unified = meta_model(load_config([f"configs/dense/{size}.yaml", "configs/scale/unified_literal.yaml"]).model)
-    assert unified.num_params() == unified_total
+    assert num_params(unified) == unified_total
 
 
 def test_llama_1b_scale_vector_count():
-    by_role = meta_model(load_config("configs/dense/1b.yaml").model).params_by_role()
+    by_role = params_by_role(meta_model(load_config("configs/dense/1b.yaml").model))
     assert by_role["scale_input"] + by_role["scale_output"] == 80_640  # docs/paper.md §1.2
 
 
@@ -132,7 +134,7 @@ def test_folding_preserves_logits(name):
     model = build_model(cfg, dtype=torch.float64)
     randomize_vectors(model)
     plain = build_model(plain_config(cfg), seed=99, dtype=torch.float64)
-    plain.load_state_dict(model.folded_state_dict())
+    plain.load_state_dict(folded_state_dict(model))
     with torch.no_grad():
         ref, out = model(TOKENS), plain(TOKENS)
     # float64: folding rounds each W·diag(γ) entry (u₆₄), and 2 blocks of ≤ 67-term reductions carry it (≲ 1e-14);
@@ -142,7 +144,7 @@ def test_folding_preserves_logits(name):
 
 def test_folding_refuses_inner_norm():
     with pytest.raises(ValueError, match="inner Norm"):
-        build_model(preset_model_cfg("unified")).folded_state_dict()
+        folded_state_dict(build_model(preset_model_cfg("unified")))
 
 
 # ----------------------------------------------------------------------------------------------- causality
@@ -238,9 +240,9 @@ def test_init_is_independent_of_world_and_reproducible():
 def test_flops_per_token():
     cfg = load_config("configs/dense/0.12b.yaml").model
     model = meta_model(cfg)
-    n = model.num_params(exclude_embedding=True)
+    n = num_params(model, exclude_embedding=True)
     assert n == 81_110_784  # docs/paper.md §3.6: N = 81.11M for Dense-0.12B
-    assert model.flops_per_token(1024) == 6 * n + 12 * 6 * 768 * 1024
+    assert flops_per_token(model, 1024) == 6 * n + 12 * 6 * 768 * 1024
 
 
 def test_scaled_linear_without_vectors_is_linear():

@@ -12,7 +12,9 @@ from config import load_config
 
 from optim.config import MuonConfig, OptimConfig
 from model.config import ModelConfig, MoEConfig, Role, ScaleConfig
-from model.llama import Llama, build_model, plain_config
+from model.hf import folded_state_dict, plain_config
+from model.llama import Llama, build_model
+from model.summary import activated_params, flops_per_token, num_params, params_by_role
 from model.moe import MoE
 from optim import build_optimizer
 from runtime.checkpoint import load_checkpoint, save_checkpoint
@@ -52,15 +54,15 @@ def test_paper_moe_parameter_counts(size):
     cfg = load_config(f"configs/moe/{size}.yaml")
     model = meta(cfg.model)
     total, activated = PAPER_MOE[size]
-    assert model.num_params() == total and model.activated_params() == activated
-    assert model.params_by_role()["scale_input"] == (2 * cfg.model.n_layers + 1) * cfg.model.d_model
+    assert num_params(model) == total and activated_params(model) == activated
+    assert params_by_role(model)["scale_input"] == (2 * cfg.model.n_layers + 1) * cfg.model.d_model
     moe = model.layers[0].mlp
     assert moe.expert_dim == int(2 * cfg.model.d_model / 3) and moe.expert_dim_padded % 64 == 0
     shared = model.layers[0].mlp.shared_expert.gate_proj
     assert shared.d_out == int(8 * cfg.model.d_model / 3) and shared.weight.shape[0] % 64 == 0
     # MFU counts what a token costs: activated parameters without the input embedding
     n = activated - cfg.model.padded_vocab * cfg.model.d_model
-    assert model.flops_per_token(1024) == 6 * n + 12 * cfg.model.n_layers * cfg.model.d_model * 1024
+    assert flops_per_token(model, 1024) == 6 * n + 12 * cfg.model.n_layers * cfg.model.d_model * 1024
 
 
 def test_inspect_model_reports_activated_params(capsys):
@@ -273,7 +275,7 @@ def test_folding_gives_a_plain_llama_moe(preset):
     model = build_model(cfg, dtype=torch.float64)
     randomize_vectors(model)
     plain = build_model(plain_config(cfg), seed=9, dtype=torch.float64)
-    plain.load_state_dict(model.folded_state_dict())
+    plain.load_state_dict(folded_state_dict(model))
     assert plain.cfg.moe == cfg.moe and plain.cfg.scale == ScaleConfig()
     with torch.no_grad():
         ref, out = model(TOKENS), plain(TOKENS)
@@ -283,7 +285,7 @@ def test_folding_gives_a_plain_llama_moe(preset):
 @pytest.mark.parametrize("preset", ["hg_dnp", "unified"])
 def test_folding_refuses_dnp(preset):
     with pytest.raises(ValueError, match="inner Norm"):
-        build_model(moe_cfg(preset)).folded_state_dict()
+        folded_state_dict(build_model(moe_cfg(preset)))
 
 
 def test_roles_and_vector_placement():

@@ -9,6 +9,7 @@ from config import load_config, resolve_vocab
 
 from kernel.config import flat as _flat
 from model.llama import Llama
+from model.summary import activated_params, num_params
 from repro.figures import FIGURES, FIGURES_DIR
 from test_model import PAPER_DENSE
 from test_moe import PAPER_MOE
@@ -20,7 +21,7 @@ def cfg_of(fig: str, run: str):
 
 def params(cfg) -> int:
     with torch.device("meta"):
-        return Llama(resolve_vocab(cfg)).num_params()
+        return num_params(Llama(resolve_vocab(cfg)))
 
 
 def test_every_file_is_a_registered_run_and_back():
@@ -56,7 +57,7 @@ def test_parameter_counts_match_the_paper():
         cfg = cfg_of("7", f"{size}_baseline")
         with torch.device("meta"):
             model = Llama(resolve_vocab(cfg))
-        assert (model.num_params(), model.activated_params()) == (total, activated)
+        assert (num_params(model), activated_params(model)) == (total, activated)
     assert params(cfg_of("1", "baseline")) == params(cfg_of("10", "baseline")) == 119_744_256
     assert params(cfg_of("10", "llama_large")) == 119_854_848  # 0.11985B, docs/paper.md §2.4
     assert params(cfg_of("10", "unified")) == 119_846_846
