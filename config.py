@@ -1,5 +1,5 @@
 """The run configuration, composed: each package's section (model/config.py, data/config.py, optim/config.py,
-runtime/config.py) in one RunConfig, loaded by the config kernel's strict loader (kernel/config.py: YAML with `base:`
+runtime/config.py) in one RunConfig, loaded by the strict config loader's strict loader (strictconfig/config.py: YAML with `base:`
 chains, dotted overrides such as `optim.lr=3e-3`, ConfigError), with what spans sections: their joint invariants, the
 vocabulary from the tokenizer, run names, strategy names and wandb tags.
 
@@ -19,7 +19,7 @@ from typing import Any, Optional
 import yaml
 
 from data.config import DataConfig
-from kernel.config import ConfigError, build, fill_absent, read_files, resumable
+from strictconfig.config import ConfigError, build, fill_absent, read_files, resumable
 from model.config import ModelConfig
 from optim.config import OptimConfig, ScheduleConfig
 from runtime.config import LogConfig, TrainConfig
@@ -146,7 +146,7 @@ def run_tags(cfg: RunConfig) -> list[str]:
 def load_config(path: Optional[str | Path | list[str | Path]] = None,
                 overrides: Optional[list[str]] = None) -> RunConfig:
     """Read YAML (following its `base:` chain), apply `a.b.c=value` overrides, build and check a RunConfig
-    (kernel/config.py's strict loader).
+    (strictconfig/config.py's strict loader).
 
     `path` may be a list of files, merged left to right (`--config dense/0.12b.yaml --config scale/hg.yaml`)."""
     paths = [] if path is None else [path] if isinstance(path, (str, Path)) else list(path)
@@ -155,7 +155,7 @@ def load_config(path: Optional[str | Path | list[str | Path]] = None,
 
 def load_saved_config(path: str | Path) -> RunConfig:
     """A run's saved config.yaml, as that run trained: a key added since it was written reads as the value runs
-    used before the key existed (kernel/config.py, `since`), not as today's default."""
+    used before the key existed (strictconfig/config.py, `since`), not as today's default."""
     return build_config(fill_absent(RunConfig, read_files([path])))
 
 

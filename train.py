@@ -20,7 +20,7 @@ import torch
 
 from config import default_run_name, load_config, resolve_vocab, run_tags
 
-from kernel.config import ConfigError
+from strictconfig.config import ConfigError
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "tiny_cpu.yaml"
 

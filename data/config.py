@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-from kernel.config import resumable
+from strictconfig.config import resumable
 
 NAMED_TOKENIZERS = ("gpt2", "r50k_base", "cl100k_base", "o200k_base")
 _BPE_SPEC = re.compile(r"bpe:(\d+)")

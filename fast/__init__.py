@@ -23,7 +23,7 @@ from fast.banks import bank_blocks
 from fast.branches import (FastAttention, FastExpertBranch, FastMLP, FastMoE, FastNorm, FastScaledLinear,
                            quiet_recompute_caution)
 from fast.head import FusedHeadLoss
-from kernel.config import ConfigError
+from strictconfig.config import ConfigError
 from model.config import ModelConfig, ScaleConfig
 from model.llama import MLP, Attention, Block, Llama
 from model.moe import MoE

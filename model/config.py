@@ -9,7 +9,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
-from kernel.config import resumable
+from strictconfig.config import resumable
 
 Placement = Literal["none", "input", "ap", "dp", "dnp"]
 Reparam = Literal["direct", "or", "er"]

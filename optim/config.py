@@ -5,7 +5,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from kernel.config import resumable, since
+from strictconfig.config import resumable, since
 
 WeightDecayMode = Literal["all", "iwd", "none", "no_input", "no_output"]
 

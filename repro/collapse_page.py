@@ -15,13 +15,18 @@ from pathlib import Path
 from typing import Optional
 
 from repro.collapse import Arm, arms_of, paired, table
-from repro.comparisons import COLLAPSE_ROWS, Comparison, Plan, collapse_ab, default_comparisons, lr_text
+from repro.comparisons import (COLLAPSE_ROWS, FIG8_MOE_DELTA, Comparison, Plan, collapse_ab, default_comparisons,
+                               lr_text)
 from config import load_config
 from repro.headroom_risk import (FIRST_BATCH, FIRST_LR, FIRST_RUNGS, FIRST_SEQ, FIRST_STEPS, PAPER_CONFIG, Early,
                                  calibrate, early, early_table, first_names, first_steps_argv, ladder, ladder_table,
                                  lr_sums, rung_of)
 from repro.runner import CpuLedger, is_compact, plan_runs, unpack
+from repro.stats import Stat, fmt, stat, welch
 from runs import load_run
+
+
+ROUTER_SEEDS = 20  # the most seeds any run of Fig. 8's MoE Muon row has
 
 
 @dataclass(frozen=True)
@@ -185,11 +190,46 @@ def write_page(page: Path, ab_dir: Path, ladder_dir: Path, seeds: int, rebuild: 
         "",
         early_table(rows, calibration, paper_sum),
         "",
+        *router_section(ab_dir, ladder_dir),
         "## The budget",
         "",
         *budget(ab_dir),
     ]
     page.write_text("\n".join(text).rstrip() + "\n")
+
+
+def router_deltas(folder: Path, seeds: int) -> Optional[Stat]:
+    """unified − baseline final val loss of Fig. 8's MoE Muon row, paired by seed, over the seeds both finished."""
+    deltas = []
+    for s in range(seeds):
+        base, uni = (final(folder / f"fig8-moe_0.5b_{design}-tiny-s{s}") for design in ("baseline", "unified"))
+        if base is not None and uni is not None:
+            deltas.append(uni - base)
+    return stat(deltas)
+
+
+def router_section(ab_dir: Path, ladder_dir: Path) -> list[str]:
+    """Fig. 8's MoE Muon row with the router on AdamW (results v4's runs) and on Muon (optim.muon.router, the
+    paper's reading: Muon on "2D matrices inside Transformer layers", docs/paper.md §3.2)."""
+    on_adamw, on_muon = router_deltas(ladder_dir, ROUTER_SEEDS), router_deltas(ab_dir, ROUTER_SEEDS)
+    if on_muon is None:
+        return []
+    diff = welch(on_adamw, on_muon) if on_adamw is not None else None
+    moved = "–" if diff is None else f"{diff.mean:+.4f} [{diff.mean - diff.half:+.4f}, {diff.mean + diff.half:+.4f}]"
+    return [
+        "## Muon on the router",
+        "",
+        "Fig. 8's MoE row with Muon (MoE d32 L2 E8, the figure's lr): unified − baseline final val loss, paired by "
+        "seed (mean [95 % interval]). Results v4 kept the router on AdamW; `optim.muon.router: true`, the default "
+        "now, puts it on Muon as the paper's sentence reads. The last column is Welch's difference of the two Δ.",
+        "",
+        "| router on | seeds | Δ unified − baseline | the paper's Δ (MoE-0.5B) | Δ on Muon − Δ on AdamW |",
+        "|---|---|---|---|---|",
+        f"| AdamW (results v4) | {0 if on_adamw is None else on_adamw.n} | {fmt(on_adamw, sign=True)} | "
+        f"{FIG8_MOE_DELTA:+.4f} | |",
+        f"| Muon | {on_muon.n} | {fmt(on_muon, sign=True)} | {FIG8_MOE_DELTA:+.4f} | {moved} |",
+        "",
+    ]
 
 
 def first_steps(folder: Path) -> list[Early]:

@@ -14,7 +14,7 @@ from typing import Optional
 
 from config import load_config
 
-from kernel.config import ConfigError
+from strictconfig.config import ConfigError
 from repro.figures import FIGURES, Figure
 from repro.paper import canonical
 from repro.proxy import PROXY, Shape, run_overrides

@@ -16,7 +16,7 @@ import argparse
 import json
 import sys
 
-from kernel.config import ConfigError
+from strictconfig.config import ConfigError
 from repro.paper import DEFAULT_MFU, plan, render, to_json
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from config import load_config
 
-from kernel.config import ConfigError
+from strictconfig.config import ConfigError
 from repro.figures import FIGURES
 from repro.jobs import command, jobs, run_jobs, shown
 from runtime.files import out_path_problem

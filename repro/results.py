@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from kernel.config import ConfigError
+from strictconfig.config import ConfigError
 from repro.comparisons import Plan
 from repro.experiments import config_of
 from repro.jobs import command

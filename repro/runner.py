@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from kernel.config import ConfigError, resume_conflicts
+from strictconfig.config import ConfigError, resume_conflicts
 from data.config import DataConfig
 from repro.comparisons import Plan
 from repro.experiments import config_of, experiment_key

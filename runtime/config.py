@@ -1,6 +1,6 @@
 """The training run's own config sections: train and log (with wandb). The root `config.py` composes them with the
 model's, the data's and the optimizer's and schedule's into a RunConfig; a field a resumed run may change says so
-with kernel/config.py's `resumable`.
+with strictconfig/config.py's `resumable`.
 """
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
-from kernel.config import resumable as _resumable
+from strictconfig.config import resumable as _resumable
 
 
 MAX_COUNT = 10**12  # the largest step count, batch or token count a train. field accepts

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from kernel.config import ConfigError
+from strictconfig.config import ConfigError
 
 
 class LaunchError(RuntimeError):

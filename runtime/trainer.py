@@ -39,7 +39,7 @@ from model.summary import flops_per_token as count_flops
 from optim import clip_grad_norm, lr_at, set_lr
 from runtime.build import build_training_model
 from runtime.checkpoint import complete_checkpoints, damaged_files, load_checkpoint, load_extra, save_checkpoint
-from kernel.config import ConfigError, resume_conflicts
+from strictconfig.config import ConfigError, resume_conflicts
 from runtime.dist import LAUNCHER_GONE, DistInfo, StopConsensus
 from runtime.guard import NonFiniteGuard, describe, state_is_finite
 from runtime.logging import RunLogger, git_commit

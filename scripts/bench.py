@@ -60,7 +60,7 @@ import torch
 
 from config import SCALE_PRESETS, load_config
 
-from kernel.config import ConfigError
+from strictconfig.config import ConfigError
 from runtime.benchmark import (build_parser, format_footprint, format_header, format_table, make_batches, plan,
                                time_designs, with_data)
 from runtime.memory_probe import memory_probe, run_probes

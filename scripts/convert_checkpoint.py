@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from config import load_saved_config
-from kernel.config import ConfigError
+from strictconfig.config import ConfigError
 from model.llama import Llama
 from runtime.checkpoint import CheckpointError, complete_checkpoints
 from runtime.checkpoint_convert import convert, holds_banks

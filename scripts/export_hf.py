@@ -17,7 +17,7 @@ import torch
 
 from config import load_config, resolve_vocab
 
-from kernel.config import ConfigError
+from strictconfig.config import ConfigError
 from data.tokenizer import TokenizerError
 from model.hf import export
 from model.llama import build_model

@@ -12,7 +12,7 @@ import torch
 
 from config import load_config, resolve_vocab
 
-from kernel.config import ConfigError
+from strictconfig.config import ConfigError
 from data.tokenizer import TokenizerError
 from model.llama import Llama
 from model.summary import breakdown, format_breakdown

@@ -12,7 +12,7 @@ import torch
 
 from config import load_saved_config
 
-from kernel.config import ConfigError
+from strictconfig.config import ConfigError
 from data.tokenizer import TokenizerError, load_tokenizer
 from model.generate import generate
 from model.llama import build_model

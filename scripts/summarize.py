@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from kernel.config import ConfigError
+from strictconfig.config import ConfigError
 from runs import MetricsError, Run, load_run
 
 

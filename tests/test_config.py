@@ -7,7 +7,7 @@ import yaml
 
 from config import RunConfig, build_config, load_config
 
-from kernel.config import ConfigError
+from strictconfig.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -155,7 +155,7 @@ def test_resolved_yaml_round_trips():
 def test_resume_treats_keys_added_later_as_their_defaults():
     """A run saved before a key existed (here model.scale.router and model.moe) resumes under the new code; a real
     difference is still a conflict."""
-    from kernel.config import resume_conflicts
+    from strictconfig.config import resume_conflicts
     cfg = load_config(ROOT / "configs/tiny_cpu.yaml")
     saved = yaml.safe_load(cfg.to_yaml())
     del saved["model"]["scale"]["router"], saved["model"]["moe"]
@@ -173,8 +173,8 @@ def test_which_keys_a_resume_may_change_is_stated_on_the_fields():
 
     from config import RunConfig
 
-    from kernel.config import resume_conflicts
-    from kernel.config import resumable_keys
+    from strictconfig.config import resume_conflicts
+    from strictconfig.config import resumable_keys
     keys = resumable_keys(RunConfig)
     assert "log." in keys and "train.micro_batch" in keys and "model.ffn_pad_multiple" in keys
     assert "model.moe.pad_multiple" in keys and "optim.muon.distributed" in keys and "data.max_tokens" in keys
@@ -220,7 +220,7 @@ def test_a_literal_matches_by_type_and_a_union_tries_each_member():
     from dataclasses import dataclass
     from typing import Literal, Optional, Union
 
-    from kernel.config import build
+    from strictconfig.config import build
     with pytest.raises(ConfigError, match=r"train\.compile: 1 is not one of \['auto', True, False\]"):
         load_config(overrides=["train.compile=1"])
     assert load_config(overrides=["train.compile=true"]).train.compile is True

@@ -17,7 +17,7 @@ import yaml
 
 import train
 from config import RunConfig, load_config
-from kernel.config import ConfigError
+from strictconfig.config import ConfigError
 
 CONFIGS = sorted(p for p in Path("configs").rglob("*.yaml"))
 N_RANDOM = 160  # random mutations on top of the exhaustive ones below

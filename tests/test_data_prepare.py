@@ -14,7 +14,7 @@ import pytest
 
 from config import build_config
 
-from kernel.config import ConfigError
+from strictconfig.config import ConfigError
 from data.builtin import pd_english_documents
 from data.config import DataConfig
 from data.loader import TrainLoader, read_meta, val_batches

@@ -12,7 +12,7 @@ import torch
 
 import train
 from config import load_config
-from kernel.config import ConfigError
+from strictconfig.config import ConfigError
 from test_moe_train import MOE, moe_state
 from runtime.checkpoint import checkpoint_tensors, latest_checkpoint
 from runtime.rundir import LOCK_FILE

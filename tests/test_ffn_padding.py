@@ -14,7 +14,7 @@ import yaml
 
 from config import load_config
 
-from kernel.config import resume_conflicts
+from strictconfig.config import resume_conflicts
 
 from optim.config import OptimConfig
 from model.config import ModelConfig, MoEConfig

@@ -11,7 +11,7 @@ import torch
 import train
 from scripts import plot, summarize
 from config import load_config
-from kernel.config import ConfigError
+from strictconfig.config import ConfigError
 from model.llama import Llama, build_model
 from model.summary import num_params
 from runtime.telemetry import HeadroomSite, HeadroomWatch, norm_headroom

@@ -1,4 +1,4 @@
-"""The import rules of docs/design.md (Layout): the framework never imports the study (repro/), the config kernel
+"""The import rules of docs/design.md (Layout): the framework never imports the study (repro/), the strict config loader
 imports nothing of ours, the model imports nothing from the training side nor the fast path, the fast path only
 the model, the packages never import the root
 config.py, and no two of our modules import each other in a cycle (imports under `if TYPE_CHECKING:` name types
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("kernel", "model", "fast", "data", "optim", "runtime", "scripts", "harness", "repro")
+PACKAGES = ("strictconfig", "model", "fast", "data", "optim", "runtime", "scripts", "harness", "repro")
 ROOT_MODULES = ("train", "config", "runs")
 
 
@@ -80,28 +80,28 @@ def test_the_framework_never_imports_the_study(graph):
     assert not {m: d for m, d in bad.items() if d}
 
 
-def test_the_config_kernel_is_the_ground_floor(graph):
-    bad = {m: sorted(i for i in deps if _top(i) != "kernel") for m, deps in graph.items() if _top(m) == "kernel"}
+def test_the_strict_config_loader_is_the_ground_floor(graph):
+    bad = {m: sorted(i for i in deps if _top(i) != "strictconfig") for m, deps in graph.items() if _top(m) == "strictconfig"}
     assert not {m: d for m, d in bad.items() if d}
 
 
 def test_the_model_imports_nothing_of_the_training_side(graph):
-    allowed = {"model", "kernel"}
+    allowed = {"model", "strictconfig"}
     bad = {m: sorted(i for i in deps if _top(i) not in allowed) for m, deps in graph.items() if _top(m) == "model"}
     assert not {m: d for m, d in bad.items() if d}
 
 
 def test_the_fast_path_sits_on_the_model_alone(graph):
-    """fast/ reads the reference model (and the config kernel), nothing of the training side: it is applied at build
+    """fast/ reads the reference model (and the strict config loader), nothing of the training side: it is applied at build
     time by runtime/build.py, and the model never knows it exists (the rule above)."""
-    allowed = {"fast", "model", "kernel"}
+    allowed = {"fast", "model", "strictconfig"}
     bad = {m: sorted(i for i in deps if _top(i) not in allowed) for m, deps in graph.items() if _top(m) == "fast"}
     assert not {m: d for m, d in bad.items() if d}
     assert "fast" in graph["runtime.build"]
 
 
 def test_no_package_imports_the_root_config(graph):
-    libraries = {"kernel", "model", "fast", "data", "optim", "runtime"}
+    libraries = {"strictconfig", "model", "fast", "data", "optim", "runtime"}
     assert not sorted(m for m, deps in graph.items() if _top(m) in libraries and "config" in deps)
 
 
@@ -131,5 +131,5 @@ def test_no_import_cycle(graph):
 
 def test_the_rules_see_what_they_check(graph):
     """The reader finds real imports, relative and function-local ones included, so the rules above can fail."""
-    assert "model.scaling" in graph["model.llama"] and "kernel.config" in graph["config"]
+    assert "model.scaling" in graph["model.llama"] and "strictconfig.config" in graph["config"]
     assert "repro.runner" in graph["repro.results"] and "runtime.trainer" in graph["train"]

@@ -306,7 +306,7 @@ def test_roles_and_vector_placement():
 
 
 def test_router_knob_is_refused_where_it_means_nothing():
-    from kernel.config import ConfigError
+    from strictconfig.config import ConfigError
     with pytest.raises(ConfigError, match="scale.router"):
         load_config(["configs/tiny_cpu.yaml"], ["model.scale.router=true"])
     with pytest.raises(ConfigError, match="moe.top_k"):

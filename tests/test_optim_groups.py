@@ -241,7 +241,7 @@ def test_the_knob_spares_the_marked_magnitudes_on_both_paths():
 
 def test_the_knob_needs_dnp_magnitudes():
     from config import load_config
-    from kernel.config import ConfigError
+    from strictconfig.config import ConfigError
     with pytest.raises(ConfigError, match=r"optim.scale_wd_invariant.*placement=dp.*reparam=or"):
         load_config(["configs/tiny_cpu.yaml", "configs/scale/hg_dp_or.yaml"], ["optim.scale_wd_invariant=false"])
     with pytest.raises(ConfigError, match=r"placement=dnp, model.scale.reparam=direct"):
@@ -301,10 +301,10 @@ def test_muon_takes_the_router_as_the_paper_reads_and_the_knob_keeps_it_on_adamw
 
 def test_a_run_saved_before_the_router_knob_reads_as_adamw(tmp_path):
     """A config.yaml written before optim.muon.router existed trained the router with AdamW: reading it back says
-    false (kernel/config.py, `since`), and a resume under today's default is refused rather than switching it."""
+    false (strictconfig/config.py, `since`), and a resume under today's default is refused rather than switching it."""
     import yaml
     from config import load_config, load_saved_config
-    from kernel.config import resume_conflicts
+    from strictconfig.config import resume_conflicts
     cfg = load_config("configs/tiny_moe.yaml", ["optim.name=muon"])
     old = cfg.to_dict()
     del old["optim"]["muon"]["router"]

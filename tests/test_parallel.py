@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from config import build_config, load_config
 
-from kernel.config import ConfigError
+from strictconfig.config import ConfigError
 from model.config import ModelConfig, MoEConfig, ScaleConfig
 from model.llama import Llama
 from runtime.parallel import CheckpointedBlock, apply_activation_checkpointing

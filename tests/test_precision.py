@@ -86,7 +86,7 @@ def test_a_resume_onto_a_cpu_without_bf16_continues_and_says_so(data_dir, tmp_pa
 
 
 def test_an_explicit_dtype_change_on_resume_is_still_refused(data_dir, tmp_path):  # noqa: F811
-    from kernel.config import ConfigError
+    from strictconfig.config import ConfigError
     argv = args_for(data_dir, tmp_path, "pinned", "train.steps=2", "schedule.warmup_steps=1")
     train.main(argv)
     with pytest.raises(ConfigError, match=r"train\.dtype: 'float32' in the checkpoint, 'bfloat16' now"):

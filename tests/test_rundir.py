@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import train
-from kernel.config import ConfigError
+from strictconfig.config import ConfigError
 from multiproc import Rendezvous, spawn
 from data.shards import DataError
 from runtime.checkpoint import CheckpointError

@@ -13,7 +13,7 @@ import torch
 
 import train
 from config import load_config
-from kernel.config import ConfigError
+from strictconfig.config import ConfigError
 from data.config import DataConfig
 from data.prepare import prepare
 from runtime.trainer import NonFiniteError

@@ -7,7 +7,7 @@ import torch
 
 from config import load_config, resolve_vocab
 
-from kernel.config import flat as _flat
+from strictconfig.config import flat as _flat
 from model.llama import Llama
 from model.summary import activated_params, num_params
 from repro.figures import FIGURES, FIGURES_DIR

@@ -1,4 +1,4 @@
-"""The config kernel: what every package's config section is built on, and nothing of ours below it.
+"""The strict config loader: what every package's config section is built on, and nothing of ours below it.
 
 - `ConfigError`: a bad config, naming the dotted key, the problem and, for typos, the closest valid key.
 - `resumable(...)`: a field a resumed run may change (how often it logs or checkpoints, how it runs: the numbers of
