@@ -149,7 +149,7 @@ def _time_ms(fn, cuda: bool) -> float:
 def moe_gemm(config: str, overrides: list[str], tokens: int, iters: int, warmup: int, device: str) -> dict:
     """One MoE FFN of `config` (eager; the same weights) on the grouped GEMM and on the exact per-expert loop:
     forward + backward of `tokens` tokens, and the bare expert GEMM (gate_proj's weights, uniformly routed rows).
-    The designs alternate call by call, as the benchmark's do (runtime/benchmark.py). Relative errors are to the
+    The designs alternate call by call, as the benchmark's do (bench/steps.py). Relative errors are to the
     loop."""
     import torch
 

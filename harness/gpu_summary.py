@@ -63,7 +63,7 @@ def _sync_lines(s: dict) -> list[str]:
 
 
 def _profile_lines(path: Path) -> list[str]:
-    """The category table of runtime/profile.py's report (its first table); the ops are in logs.tar.gz."""
+    """The category table of bench/profile.py's report (its first table); the ops are in logs.tar.gz."""
     if not path.is_file():
         return []
     head = path.read_text().split("\n\nOps whose", 1)[0].strip()

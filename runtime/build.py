@@ -1,7 +1,7 @@
 """The one place a training model is built: meta → activation checkpointing → the fast path → FSDP2 shard →
 materialize → init → compile → optimizer.
 
-`train.py`, the benchmark (`runtime/benchmark.py`) and `harness/gpu_check.sh` (through the bench) all call
+`train.py`, the benchmark (`bench/steps.py`) and `harness/gpu_check.sh` (through the bench) all call
 `build_training_model`, so a speed path added for training is the path the benchmark measures.
 """
 from __future__ import annotations

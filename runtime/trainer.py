@@ -3,7 +3,7 @@
     trainer = Trainer.for_run(cfg, dist_info)   # data (prepared on first use) → model → loader → resume
     summary = trainer.fit(stop_at_step=None)    # step → log → evaluate → checkpoint, until train.steps
 
-`Trainer.step` is the one training step in the tree: train.py's loop runs it, scripts.bench (runtime/benchmark.py)
+`Trainer.step` is the one training step in the tree: train.py's loop runs it, scripts.bench (bench/steps.py)
 times it on its own batches (`Trainer(cfg, di, batches)`), the GPU check runs it through both, the soak through
 train.py.
 
@@ -66,7 +66,7 @@ class Batches(Protocol):
 
 
 class FixedBatches:
-    """The given batches in turn, again from the first after the last (runtime/benchmark.py: every design gets
+    """The given batches in turn, again from the first after the last (bench/steps.py: every design gets
     the same ones). Never an epoch boundary: the data is not the experiment there."""
     epochs_done = 0.0
 

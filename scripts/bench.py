@@ -22,7 +22,7 @@ do not blur each other. CPU: the process's resident set cannot be split between 
 design also runs alone in a child process of its own (`--memory-probe`; all at once by default, which changes no
 process's own peak, and done before the timing process builds its models). There `peak MiB` is CUDA's quantity:
 what the design holds between steps (parameters, optimizer state) plus the peak of the tensors one more step
-allocates over it, from torch.profiler's memory events (runtime/memory_probe.py). `RSS MiB` is the operating
+allocates over it, from torch.profiler's memory events (bench/memory_probe.py). `RSS MiB` is the operating
 system's view: the peak RSS over the same warmup + timed steps on the same batches, the high-water mark reset after
 the warmup steps (/proc/self/clear_refs; else resource.getrusage ru_maxrss over all steps), minus the RSS it had
 after its imports and one step of a miniature of itself (which takes the lazy imports and one-time setup out of the
@@ -42,7 +42,7 @@ same targets, backward, clip, torch.optim.AdamW with the config's lr, betas, eps
 Ratios are to the first design: time (ms/step), memory (peak MiB) and on CPU the RSS. MFU is printed on GPUs
 whose peak is known.
 
-Footprint (a second table; --no-footprint skips it), after the timed rounds, per design of ours (runtime/footprint.py):
+Footprint (a second table; --no-footprint skips it), after the timed rounds, per design of ours (bench/footprint.py):
 the bytes autograd saves for backward per block (mean over blocks) and at most at once in the LM head, through
 saved-tensor hooks on the model as it trains (parameters and shared inputs excluded); the parameter tensors (what
 FSDP2, clipping and the optimizer loop over); the aten operators dispatched per step, nested ones included, and on
@@ -61,9 +61,9 @@ import torch
 from config import SCALE_PRESETS, load_config
 
 from strictconfig.config import ConfigError
-from runtime.benchmark import (build_parser, format_footprint, format_header, format_table, make_batches, plan,
+from bench.steps import (build_parser, format_footprint, format_header, format_table, make_batches, plan,
                                time_designs, with_data)
-from runtime.memory_probe import memory_probe, run_probes
+from bench.memory_probe import memory_probe, run_probes
 from runtime.files import out_path_problem
 
 

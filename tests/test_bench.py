@@ -13,7 +13,7 @@ import torch
 import train
 from config import load_config
 from harness import gpu_check, gpu_summary
-from runtime import benchmark, memory_probe
+from bench import memory_probe, steps as benchmark
 from scripts import bench
 from train_harness import args_for, data_dir, records  # noqa: F401 - data_dir is a fixture
 
@@ -85,7 +85,7 @@ def test_a_probe_measures_its_peak_from_after_the_setup():
 
 
 def test_a_steps_tensor_peak_is_what_it_allocates_over_its_start():
-    """The CPU's max_memory_allocated (runtime/memory_probe.py): a step that builds 4 MiB, then 2 MiB beside it,
+    """The CPU's max_memory_allocated (bench/memory_probe.py): a step that builds 4 MiB, then 2 MiB beside it,
     then frees both peaks at 6 MiB over what was live before it, whatever was live (here 8 MiB); 4 MiB kept to the
     end counts as well, so a step that grows its state is seen."""
     held = torch.ones(2 * 2**20)  # 8 MiB live before the step: not counted

@@ -1,4 +1,4 @@
-"""runtime/footprint.py's accounting, and what the scale vectors cost in it: the unified design's blocks save what the
+"""bench/footprint.py's accounting, and what the scale vectors cost in it: the unified design's blocks save what the
 baseline's save (plus one statistic per normalized row) once compiled, and its head holds less at once."""
 from dataclasses import replace
 
@@ -8,7 +8,7 @@ import torch
 from fast import build_fast_model
 from fast.head import FusedHeadLoss
 from runtime.parallel import compile_blocks
-from runtime.footprint import saved_activations
+from bench.footprint import saved_activations
 from test_model import preset_model_cfg
 
 TOKENS = (4, 32)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("strictconfig", "model", "fast", "data", "optim", "runtime", "scripts", "harness", "repro")
+PACKAGES = ("strictconfig", "model", "fast", "data", "optim", "runtime", "bench", "scripts", "harness", "repro")
 ROOT_MODULES = ("train", "config", "runs")
 
 

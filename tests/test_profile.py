@@ -1,10 +1,10 @@
-"""runtime/profile.py: where a step's time goes, by category and by op, one design beside another
+"""bench/profile.py: where a step's time goes, by category and by op, one design beside another
 (`scripts.bench --profile`)."""
 import json
 
 import torch
 
-from runtime import profile
+from bench import profile
 from scripts import bench
 from test_bench import TINY
 

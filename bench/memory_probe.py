@@ -1,4 +1,4 @@
-"""The bench's memory on CPU (`python -m scripts.bench`, runtime/benchmark.py): a process's resident set cannot be
+"""The bench's memory on CPU (`python -m scripts.bench`, bench/steps.py): a process's resident set cannot be
 split between designs that share it, so each design is measured alone, in a child process of its own
 (`--memory-probe K`), two ways:
 
@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
 
-from runtime.benchmark import REPO, Design, build, make_batches
+from bench.steps import REPO, Design, build, make_batches
 
 
 def max_rss_mib() -> float:
@@ -86,7 +86,7 @@ def memory_probe(design: Design, di, batches, seq_len: int, n_steps: int, warmup
             reset_peak_rss()  # the peak from here on; still measured from `before`
         runner.step()
     after = (proc_status_mib("VmHWM") if reset is not None else None) or max_rss_mib()
-    from runtime.benchmark import resident_bytes
+    from bench.steps import resident_bytes
     held = resident_bytes(runner.model, runner.optimizer)
     return {"design": design.name, "peak_mib": max(0.0, after - before), "baseline_mib": before,
             "tensor_peak_mib": (held + step_tensor_peak(runner.step)) / 2**20}

@@ -85,7 +85,7 @@ def build_ours(cfg: RunConfig, di, batches) -> Runner:
     trainer = Trainer(cfg, di, batches)
     model = trainer.model
 
-    def forward() -> torch.Tensor:  # the step's forward on the source's next batch (runtime/footprint.py)
+    def forward() -> torch.Tensor:  # the step's forward on the source's next batch (bench/footprint.py)
         x, y = batches.next_batch()
         return model(x, y, loss_chunk=cfg.train.loss_chunk_tokens)
     return Runner(lambda: trainer.step().losses[0].item(), model, trainer.optimizer, num_params(model),
@@ -245,7 +245,7 @@ def build_parser(description: Optional[str] = None) -> argparse.ArgumentParser:
     p.add_argument("--profile", type=Path, metavar="PATH",
                    help="after the timed rounds, profile --profile-steps more steps of each design (torch.profiler) "
                         "and write where the time goes, by category and by op, beside the first design, to PATH "
-                        "(markdown; runtime/profile.py)")
+                        "(markdown; bench/profile.py)")
     p.add_argument("--profile-steps", type=int, default=3, help="steps per design under the profiler")
     p.add_argument("--memory-probe", type=int, help=argparse.SUPPRESS)  # internal: a child measuring one design
     p.add_argument("overrides", nargs="*", help="dotted.key=value overrides applied to every design")
@@ -260,11 +260,11 @@ def time_designs(designs: list[Design], di, batches, steps: int, warmup: int,
     """Build every design and step them interleaved, round by round (step i of every design, then step i + 1), so
     that drift in machine load hits all of them alike: `warmup` untimed rounds, then `steps` timed ones. `peak_mem`:
     the memory probes' tensor peaks on CPU (`probed`; none with --no-memory), and `rss_mem` their peak resident sets'
-    growth (runtime/memory_probe.py); on CUDA each design's peak is measured here.
+    growth (bench/memory_probe.py); on CUDA each design's peak is measured here.
     After every timed round the table so far goes to `json_path`, so a run cut by a timeout keeps it. `profile`:
-    (path, steps) — then each design steps that many more times under torch.profiler (runtime/profile.py), and
+    (path, steps) — then each design steps that many more times under torch.profiler (bench/profile.py), and
     where its time goes is written to path. `measure_footprint`: after the timed rounds, each design's saved
-    activations, parameter tensors and ops per step (runtime/footprint.py) join its row. Returns the table's header
+    activations, parameter tensors and ops per step (bench/footprint.py) join its row. Returns the table's header
     and rows."""
     from model.llama import Llama
     from model.summary import flops_per_token
@@ -312,7 +312,7 @@ def time_designs(designs: list[Design], di, batches, steps: int, warmup: int,
                 json_path.write_text(json.dumps({**header, "steps": i + 1 - warmup, "notes": notes, "rows": rows,
                                                  "losses": losses}, indent=1) + "\n")
     if measure_footprint:
-        from runtime.footprint import footprint
+        from bench.footprint import footprint
         for d in designs:
             r = runners[d.name]
             if r.forward is not None:
@@ -322,7 +322,7 @@ def time_designs(designs: list[Design], di, batches, steps: int, warmup: int,
             json_path.write_text(json.dumps({**header, "notes": notes, "rows": rows, "losses": losses}, indent=1)
                                  + "\n")
     if profile:
-        from runtime.profile import profile_step, write_profiles
+        from bench.profile import profile_step, write_profiles
         path, n = profile
         write_profiles(path, [profile_step(d.name, runners[d.name].step, n, di.device) for d in designs])
     return header, rows
@@ -333,7 +333,7 @@ def table_rows(designs, runners: dict, times: dict[str, list[float]], peak_mem: 
                rss_mem: Optional[dict[str, Optional[float]]] = None) -> list[dict]:
     """One row per design from its timed steps so far: median ms/step, tok/s (`tokens` per step), MFU, peak memory
     (tensors), and the time and memory ratios to the first design; with `rss_mem` (CPU) the peak resident set's
-    growth and its ratio; with `footprints` (runtime/footprint.py) also the saved activations (MiB per block, the
+    growth and its ratio; with `footprints` (bench/footprint.py) also the saved activations (MiB per block, the
     head's peak), the parameter tensors and the ops per step."""
     from runtime.metrics import mfu
     rows = []
@@ -388,7 +388,7 @@ def format_table(rows: list[dict]) -> str:
 
 
 def format_footprint(rows: list[dict]) -> str:
-    """The footprint table (runtime/footprint.py), one line per design that has one; "" when none has."""
+    """The footprint table (bench/footprint.py), one line per design that has one; "" when none has."""
     rows = [r for r in rows if "saved_block_mib" in r]
     if not rows:
         return ""
