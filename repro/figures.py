@@ -2,7 +2,7 @@
 
 Every run is one YAML file, `configs/figures/fig<N>/<run>.yaml`, layered over a model size (configs/dense/,
 configs/moe/) and a scale preset (configs/scale/). A panel lists its curves, the first being the reference of its
-Δ-loss plot, and the dotted config keys its curves may differ in: tests/test_figures.py holds every panel to that.
+Δ-loss plot, and the dotted config keys its curves may differ in: repro/tests/test_figures.py holds every panel to that.
 
 The first stage of the reproduction (repro/): what each figure runs. repro/proxy.py sizes a run for the CPU,
 repro/comparisons.py says which deltas the results page reads from these runs.

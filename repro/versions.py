@@ -73,7 +73,7 @@ _V1_SUMMARY = (
 V1 = PastPage("v1", _V1_SUMMARY, _V1_DELTAS)
 
 # v2: every counted row of docs/results.md as committed in 9bae791, recomputed from its archive
-# docs/results_runs_v2.jsonl.gz (144 runs at 4 seeds, 9.43 CPU-hours; tests/test_results_sources.py checks that they
+# docs/results_runs_v2.jsonl.gz (144 runs at 4 seeds, 9.43 CPU-hours; repro/tests/test_results_sources.py checks that they
 # still recompute). Fig. 1's "each at its best lr" row was the same runs as "same lr (4e-3)" and is not counted.
 _V2_DELTAS = {
     ("fig5-heterogeneity", "hg"): PastDelta(-0.0155, -0.0567, +0.0256),

@@ -16,7 +16,7 @@ LR, WD = 0.1, 0.5
 
 
 class OR(nn.Module):
-    """γ = β·Norm(α), as model/scaling.py's OR vector: α ∈ R^d, β of shape (1,)."""
+    """γ = β·Norm(α), as model/vectors.py's OR vector: α ∈ R^d, β of shape (1,)."""
 
     def __init__(self, d: int):
         super().__init__()

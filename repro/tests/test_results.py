@@ -151,7 +151,7 @@ def test_page_reads_first_and_counts_over_independent_rows(miniature):
                                                           "## The count"))
     assert plain < proxy_at < count_at and "|---" not in text[:plain]  # no table before the plain reading
     # The proxy's eval set is the training mixture (configs/proxy/tiny.yaml): the page says what each evaluation read,
-    # from the runs' records (this corpus names no sources; tests/test_results_sources.py has one that does).
+    # from the runs' records (this corpus names no sources; repro/tests/test_results_sources.py has one that does).
     read = load_run(runs / "fig5-baseline-tiny-s0").final_eval["val_tokens"]
     assert read == 64 and "Still the v2 runs" not in text
     assert (f"**The eval set.** Each evaluation reads {read:,} tokens of the validation split's " in text[:plain]

@@ -220,7 +220,7 @@ def test_the_wikitext_set_is_prepared_in_a_checkout_with_no_data_yet(tmp_path):
 
 
 def test_the_scope_says_so_when_every_central_claim_is_powered(tmp_path, monkeypatch):
-    # short_of_power is tested on its own (tests/test_verdicts.py); here, what the page's opening says of its answer.
+    # short_of_power is tested on its own (repro/tests/test_verdicts.py); here, what the page's opening says of its answer.
     res, _ = panel(tmp_path)
     monkeypatch.setattr(page, "short_of_power", lambda res: [])
     text = "\n".join(page.scope(res, retuned=True))
