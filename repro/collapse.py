@@ -25,6 +25,7 @@ from typing import Optional
 
 from repro.comparisons import COLLAPSE_ROWS, Comparison, Plan, collapse_ab
 from repro.runner import is_compact, plan_runs, unpack
+from repro.reading import MDE_FLOOR, planned_seeds
 from repro.stats import Stat, fmt, stat
 from runs import Run, load_run
 
@@ -89,15 +90,17 @@ def table(comp: Comparison, arms: list[Arm]) -> str:
     ref = arms[0]
     lines = [f"{comp.title}", "",
              "| arm | runs | collapsed | smallest headroom | smallest magnitude | val loss | Δ val vs literal | "
-             "WikiText-2 | Δ WikiText-2 |", "|---|---|---|---|---|---|---|---|---|"]
+             f"WikiText-2 | Δ WikiText-2 | the pilot's n (MDE {MDE_FLOOR}) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for arm in arms:
         h, m = arm.smallest_headroom(), arm.smallest_magnitude()
-        val, wiki = arm.final("val_loss"), arm.final(WIKI)
-        delta = "" if arm is ref else fmt(paired(val, ref.final("val_loss")), sign=True)
+        val, wiki, ref_val = arm.final("val_loss"), arm.final(WIKI), ref.final("val_loss")
+        delta = "" if arm is ref else fmt(paired(val, ref_val), sign=True)
         dwiki = "" if arm is ref else fmt(paired(wiki, ref.final(WIKI)), sign=True)
+        plan = planned_seeds([val[s] - ref_val[s] for s in sorted(val) if s in ref_val], MDE_FLOOR)
+        n = "" if arm is ref else ("no pilot yet" if plan is None else str(plan))
         lines.append(f"| {arm.label} | {len(arm.runs)} | {arm.collapsed()} | {'–' if h is None else f'{h:.2g}'} | "
                      f"{'–' if m is None else f'{m:.2g}'} | {fmt(stat(list(val.values())))} | {delta} | "
-                     f"{fmt(stat(list(wiki.values())))} | {dwiki} |")
+                     f"{fmt(stat(list(wiki.values())))} | {dwiki} | {n} |")
     return "\n".join(lines)
 
 

@@ -49,9 +49,10 @@ def test_the_ab_counts_collapsed_runs_and_reads_paired_deltas(tmp_path, capsys):
     lines = {line.split(" | ")[0]: line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")}
     # literal: seeds 0 and 2 fell below 1 (2e-7, 0.5); the smallest magnitude is 4.8e-6
     assert lines["| unified, literal"] == "| unified, literal | 3 | 2 | 2e-07 | 4.8e-06 | 3.0100 ± 0.0100 |  | " \
-                                          "3.5100 ± 0.0100 |  |"
+                                          "3.5100 ± 0.0100 |  |  |"
     removed = lines["| unified, magnitudes removed"]
     assert removed.startswith("| unified, magnitudes removed | 3 | 0 | 8e+02 | – | 2.9967 ± 0.0058 | -0.0133 [")
+    assert removed.endswith("| no pilot yet |")  # 3 seeds: the pilot rule fixes n from the first 4
     assert "| unified, those β undecayed | 0 | 0 |" in lines["| unified, those β undecayed"]
     assert collapse.main([str(tmp_path / "none"), "--seeds", str(SEEDS), "--rows", str(row)]) == 2
 
