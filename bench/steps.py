@@ -15,15 +15,13 @@ import shlex
 import statistics
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 
+from config import RunConfig, load_config, resolve_vocab
 from model.summary import activated_params, num_params
 from runtime.precision import DTYPE_NAMES, Precision, cpu_arithmetic, resolve_precision
-
-if TYPE_CHECKING:  # the type only: the root config.py composes the sections (docs/design.md, Layout)
-    from config import RunConfig
 
 # --precisions: train.dtype and train.compile of each column (auto: runtime/precision.py's choice for this machine)
 PRECISIONS = {"auto": ("auto", "auto"), "eager-fp32": ("float32", False), "compiled-fp32": ("float32", True),
@@ -152,14 +150,13 @@ def with_data(designs: list[Design]) -> list[Design]:
     for d in designs:
         ensure_prepared(d.cfg.data)
         n_vocab = load_meta(d.cfg.data.dir).tokenizer["n_vocab"]
-        model = d.cfg.model.with_vocab(n_vocab, d.cfg.data.tokenizer)  # as runtime/trainer.py resolves it
+        model = resolve_vocab(d.cfg, n_vocab=n_vocab)  # as runtime/trainer.py resolves it
         out.append(dataclasses.replace(d, cfg=dataclasses.replace(d.cfg, model=model)))
     return out
 
 
-def plan(args, load_config: Callable[[list, list], "RunConfig"]) -> tuple[list[Design], list[str]]:
-    """The designs to run (cheap: configs only) and notes for the user. `load_config(paths, overrides)` is the root
-    config.py's loader, passed in by the command (nothing below the root imports config.py)."""
+def plan(args) -> tuple[list[Design], list[str]]:
+    """The designs to run (cheap: configs only) and notes for the user."""
     if args.models:
         models = [(Path(words[0]).stem + "".join(f"[{o.split('.')[-1]}]" for o in words[1:]), [words[0]], words[1:])
                   for words in map(shlex.split, args.models)]

@@ -8,19 +8,15 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 import torch
 
+from config import RunConfig
 from fast import apply_fast_path
 from fast.banks import parameter_names
 from model.llama import Llama
 from optim import HybridOptimizer, build_optimizer
 from runtime.parallel import apply_activation_checkpointing, compile_blocks, compile_checkpointed_state, shard_model
 from runtime.precision import Precision, resolve_precision
-
-if TYPE_CHECKING:  # the type only: the root config.py composes the sections, nothing below imports it
-    from config import RunConfig
 
 
 @dataclass

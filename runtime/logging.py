@@ -17,13 +17,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from typing import Any, Mapping, Optional
 from urllib.parse import urlparse
 
+from config import RunConfig
 from runtime.files import atomic_write
-
-if TYPE_CHECKING:  # only the type: the logger needs cfg.to_yaml(), cfg.to_dict() and cfg.log
-    from config import RunConfig
 
 TRAIN_KEYS = ("step", "tokens", "loss", "lr", "grad_norm", "tok_per_s")
 EVAL_KEYS = ("step", "tokens", "val_loss")

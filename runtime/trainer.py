@@ -23,13 +23,14 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Protocol
+from typing import Optional, Protocol
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
+from config import RunConfig, resolve_vocab
 from data.evalset import EvalSet
 from data.loader import TrainLoader, batch_digest, resolve_prefetch
 from data.prepare import ensure_prepared
@@ -47,9 +48,6 @@ from runtime.metrics import mfu, peak_flops
 from runtime.moe import moe_step_end
 from runtime.resume_point import resume_point
 from runtime.telemetry import HeadroomWatch, norm_headroom, scale_telemetry
-
-if TYPE_CHECKING:  # the type only: the root config.py composes the sections, nothing below imports it
-    from config import RunConfig
 
 
 class NonFiniteError(RuntimeError):
@@ -102,7 +100,7 @@ def seed_everything(seed: int) -> None:
 
 
 class Trainer:
-    """A built run. `cfg.model.vocab_size` must be resolved (ModelConfig.with_vocab); `val_sets` names the validation
+    """A built run. `cfg.model.vocab_size` must be resolved (config.resolve_vocab); `val_sets` names the validation
     streams `evaluate` reads ({} for none)."""
 
     def __init__(self, cfg: RunConfig, di: DistInfo, batches: Batches, val_sets: Optional[dict[str, str]] = None,
@@ -148,11 +146,8 @@ class Trainer:
         if problem[0] is not None:
             raise problem[0]
         meta = load_meta(cfg.data.dir)
-        try:  # the model's vocabulary from the prepared data's tokenizer
-            model = cfg.model.with_vocab(meta.tokenizer["n_vocab"], cfg.data.tokenizer)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-        cfg = dataclasses.replace(cfg, model=model)
+        # the model's vocabulary from the prepared data's tokenizer
+        cfg = dataclasses.replace(cfg, model=resolve_vocab(cfg, n_vocab=meta.tokenizer["n_vocab"]))
         accumulation_steps(t.global_batch, t.micro_batch, di.world_size)  # refuse a layout before building anything
         val_sets = {"val": cfg.data.dir, **{Path(p).name: p for p in cfg.data.val_sets}}  # names checked unique
         loader = TrainLoader(cfg.data.dir, cfg.data.seq_len, t.micro_batch, di.rank, di.world_size, t.seed,

@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from runtime.dist import init_distributed, shutdown
     try:
-        designs, notes = plan(args, load_config)
+        designs, notes = plan(args)
         di = init_distributed(args.device)
         if args.data:
             designs = with_data(designs)

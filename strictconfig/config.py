@@ -10,8 +10,8 @@
   dataclass from plain data and checks every value against its field's type (a Union tries its members in order;
   a Literal matches by value and type, so `1` is not `true`).
 
-The root `config.py` composes the sections (model/config.py, data/config.py, optim/config.py, runtime/config.py) into
-a RunConfig with these.
+The root `config.py` composes the sections (model/config.py, data/config.py, optim/config.py, and its own train and
+log) into a RunConfig with these.
 """
 from __future__ import annotations
 

@@ -152,7 +152,7 @@ def test_precisions_are_columns_of_the_same_design_and_auto_says_what_it_chose(m
     for cpu, auto in ((precision.CpuArithmetic("AVX2", False, False), "auto=eager-fp32"),
                       (precision.CpuArithmetic("AVX512", True, True), "auto=compiled-bf16")):
         monkeypatch.setattr(precision, "cpu_arithmetic", lambda cpu=cpu: cpu)
-        designs, _ = benchmark.plan(parse(argv), load_config)
+        designs, _ = benchmark.plan(parse(argv))
         assert [d.name for d in designs] == [f"unified/{auto}", "unified/eager-fp32", "unified/compiled-fp32",
                                              "unified/compiled-bf16"]
         assert [(d.cfg.train.dtype, d.cfg.train.compile) for d in designs] == [
@@ -171,16 +171,16 @@ def test_precisions_are_columns_of_the_same_design_and_auto_says_what_it_chose(m
 
 def test_hf_reference_rules(capsys):
     parse = benchmark.build_parser().parse_args
-    designs, notes = benchmark.plan(parse(["--presets", "baseline", "--no-hf-reference"]), load_config)
+    designs, notes = benchmark.plan(parse(["--presets", "baseline", "--no-hf-reference"]))
     assert [d.name for d in designs] == ["baseline"] and not notes
     designs, notes = benchmark.plan(parse(["--models", "configs/tiny_moe.yaml", "configs/tiny_cpu.yaml",
-                                       "--presets", "baseline"]), load_config)
+                                       "--presets", "baseline"]))
     assert not any(d.hf for d in designs) and "MoE" in notes[0]  # LlamaForCausalLM is dense: no row, a note
-    designs, _ = benchmark.plan(parse(["--models", "configs/tiny_cpu.yaml model.d_ffn=96", "--presets", "hg"]), load_config)
+    designs, _ = benchmark.plan(parse(["--models", "configs/tiny_cpu.yaml model.d_ffn=96", "--presets", "hg"]))
     assert [d.name for d in designs] == ["tiny_cpu[d_ffn=96]/hg", "tiny_cpu[d_ffn=96]/hf-llama"]
     assert designs[1].cfg.model.d_ffn == 96  # built from the first model's configuration
     with pytest.raises(SystemExit):  # asked for explicitly where it cannot be: an error, not a silent skip
-        benchmark.plan(parse(["--config", "configs/tiny_moe.yaml", "--hf-reference"]), load_config)
+        benchmark.plan(parse(["--config", "configs/tiny_moe.yaml", "--hf-reference"]))
 
 
 def test_table_prints_missing_values_as_dashes():
