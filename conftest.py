@@ -74,7 +74,8 @@ def pytest_configure(config: pytest.Config) -> None:
 # machines' torch.
 NUMERICS_MODULES = {"test_compile", "test_loss", "test_host_reads", "test_train", "test_moe_train", "test_optim_dist",
                     "test_parallel", "test_checkpoint", "test_checkpoint_fsdp", "test_muon", "test_model", "test_moe",
-                    "test_grad_reduce", "test_elastic", "test_data_loader", "test_golden", "test_step", "test_banks"}
+                    "test_grad_reduce", "test_elastic", "test_data_loader", "test_golden", "test_step", "test_fast",
+                    "test_convert_checkpoint"}
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -102,7 +103,7 @@ def _module_name(item: pytest.Item) -> str:
 
 # The fast tier (`pytest -m fast`, under a minute on 2 cores): the step itself, the model, the loss, the scale
 # vectors, the optimizers, the config, checkpoints and the loader, each in-process; no run of train.py.
-FAST_MODULES = {"test_step", "test_layout", "test_config", "test_model", "test_loss", "test_banks", "test_optim_groups",
+FAST_MODULES = {"test_step", "test_layout", "test_config", "test_model", "test_loss", "test_fast", "test_optim_groups",
                 "test_schedule", "test_muon", "test_optim_hybrid", "test_checkpoint", "test_theory", "test_config_fuzz",
                 "test_data_loader", "test_footprint"}
 

@@ -11,7 +11,6 @@ import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-import train
 from fast import FastPathError, apply_fast_path, build_fast_model
 from fast.banks import ScaleBank, BankedVector, banked, unbanked, reference_parameters
 from fast.branches import FastExpertBranch, FastNorm, _heads
@@ -27,7 +26,6 @@ from runtime.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from test_loss import assert_grads_close, bound
 from test_model import PRESETS, preset_model_cfg, randomize_vectors
 from test_moe import moe_cfg
-from train_harness import args_for, data_dir, records  # noqa: F401
 
 TOKENS = torch.randint(0, 67, (2, 25), generator=torch.Generator().manual_seed(0))
 SCALE = (Role.SCALE_INPUT, Role.SCALE_OUTPUT)
@@ -291,27 +289,6 @@ def test_the_fast_path_refuses_a_design_it_does_not_know():
     model.cfg = replace(cfg, scale=replace(cfg.scale, reparam="sigmoid"))  # a value a new design would add
     with pytest.raises(FastPathError, match=r"model\.scale\.reparam='sigmoid'"):
         apply_fast_path(model)
-
-
-def test_a_new_design_in_the_reference_alone_trains_with_the_fast_path_off(data_dir, tmp_path, monkeypatch,
-                                                                           capsys):
-    """A toy vector design added to the reference model (model/) only: train.py trains it with train.fast_path=false,
-    its vectors learn and land on disk under its own names; with the fast path on, the run stops before any work
-    with one line naming the module and the switch."""
-    monkeypatch.setattr(GroupLayout, "input_vector", toy_input_vector)
-    dp = ("model.scale.placement=dp", "model.scale.reparam=direct", "model.scale.invariant_magnitude=keep")
-    argv = args_for(data_dir, tmp_path, "toy", *dp, "train.fast_path=false", "train.steps=4", "train.eval_every=4")
-    train.main(argv)
-    recs = records(tmp_path / "toy", "train")
-    assert len(recs) == 4 and all(torch.isfinite(torch.tensor(r["loss"])) for r in recs)
-    from train_harness import final_params
-    toy = final_params(tmp_path / "toy", argv)["layers.0.attn.q_proj.in_scale.weight"]  # the toy model reads it
-    assert not torch.equal(toy, torch.ones_like(toy))  # it learned
-    capsys.readouterr()
-    assert train.cli(args_for(data_dir, tmp_path, "toy-fast", *dp, "train.steps=4")) == 2
-    err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "ToyVector" in err and "train.fast_path=false" in err, err
-    assert not (tmp_path / "toy-fast" / "metrics.jsonl").exists()
 
 
 def test_the_first_run_shows_no_recompute_caution():
