@@ -69,3 +69,20 @@ def test_the_ab_reads_a_compact_archive_of_its_runs(tmp_path, capsys):
     assert collapse.main([str(dest), "--seeds", "1", "--rows", str(row)]) == 0
     assert "| unified, literal | 1 | 1 | 0.01 | 0.0001 | 3.0000 |" in capsys.readouterr().out
     assert collapse.main([str(tmp_path / "missing.jsonl.gz"), "--seeds", "1"]) == 2
+
+
+def test_the_router_section_pairs_each_folder_by_seed(tmp_path):
+    """Fig. 8's MoE Muon row on two folders (router on AdamW, on Muon): unified − baseline by seed, the seeds both
+    designs finished, and Welch's difference of the two."""
+    from repro.collapse_page import router_section
+    finals = {"adamw": {"baseline": (3.10, 3.12, 3.11), "unified": (3.00, 3.03, 3.01)},
+              "muon": {"baseline": (3.10, 3.11), "unified": (3.05, 3.07)}}
+    for folder, designs in finals.items():
+        for design, values in designs.items():
+            for s, v in enumerate(values):
+                fake_run(tmp_path / folder / f"fig8-moe_0.5b_{design}-tiny-s{s}", v, 1000.0, None)
+    lines = router_section(tmp_path / "muon", tmp_path / "adamw")
+    rows = {line.split(" | ")[0]: line for line in lines if line.startswith("| ")}
+    assert rows["| AdamW (results v4)"].startswith("| AdamW (results v4) | 3 | -0.0967 [")  # (-0.10, -0.09, -0.10)
+    assert rows["| Muon"].startswith("| Muon | 2 | -0.0450 [") and rows["| Muon"].endswith("] |")
+    assert router_section(tmp_path / "none", tmp_path / "adamw") == []  # no Muon runs: no section
