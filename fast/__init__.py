@@ -49,6 +49,11 @@ def apply_fast_path(model: Llama, compile_backend: Optional[str] = None) -> Llam
     """Put the fast form of each module in place, bank every block's vectors, and use the fused head, in place. On
     the meta device before FSDP2 and init (parameter names are unchanged but for the banks). `compile_backend`: the
     torch.compile backend of the fused head's chunks (None: eager)."""
+    built = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if not t.is_meta]
+    if built or any(getattr(m, "_compiled_call_impl", None) is not None for m in model.modules()):
+        raise ValueError("the fast path rebuilds a model on the meta device, before materialization, init and "
+                         f"compile ({(built or ['a compiled module'])[0]} is already built): apply it right after "
+                         "construction, as runtime/build.py and build_fast_model do")
     _check_known(model)
     # Leaves first, so a rebuilt parent holds its children's fast forms
     for name, module in sorted(model.named_modules(), key=lambda nm: -nm[0].count(".")):
@@ -64,7 +69,8 @@ def apply_fast_path(model: Llama, compile_backend: Optional[str] = None) -> Llam
 
 def _as(cls: type, module: nn.Module) -> nn.Module:
     """An instance of `cls`, a subclass of type(module) that only adds a faster forward, holding module's state:
-    its parameters, buffers, submodules and settings, under the same names."""
+    its parameters, buffers, submodules and settings, under the same names. The reference module is dropped from
+    the tree at once (a meta module nothing else holds), so nothing runs it afterwards."""
     fast = cls.__new__(cls)
     fast.__dict__.update(module.__dict__)
     return fast

@@ -1,6 +1,6 @@
 """Banks: the fast path stores a block's scale vectors as one flat tensor per kind of parameter, each vector a slice.
 FSDP2's gathers, gradient clipping and the optimizer then pay their per-tensor host work for a few tensors per block
-instead of one or two per vector (a unified block has 20). The math is each vector's own: a slice's gradient is the
+instead of one or two per vector (a unified_literal block has 20 vector tensors in 4 banks, a unified block 15 in 3). The math is each vector's own: a slice's gradient is the
 vector's, AdamW is elementwise, and decay follows the bank's role.
 
 A bank holds vectors of one role whose magnitudes are all of one kind for weight decay: `input`, `output`, and
@@ -191,10 +191,9 @@ def reference_state(model: nn.Module, state: dict) -> dict:
         for bank, ms in members.items():
             if bank not in per_param:
                 continue
-            saved = per_param.pop(bank)  # {"exp_avg": …, "exp_avg_sq": …, "step": …}
+            saved = {k: _full(v) for k, v in per_param.pop(bank).items()}  # exp_avg, exp_avg_sq, step: gathered once
             for name, (a, b), shape in ms:
-                per_param[name] = {k: _full(v)[a:b].view(shape).clone() if v.ndim else v.clone()
-                                   for k, v in saved.items()}
+                per_param[name] = {k: v[a:b].view(shape).clone() if v.ndim else v.clone() for k, v in saved.items()}
         groups = [{**g, "params": _members_of(g["params"], members)} for g in state["optim"]["param_groups"]]
         out["optim"] = {**state["optim"], "state": per_param, "param_groups": groups}
     return out
@@ -220,6 +219,7 @@ def stage_banks(model: nn.Module, state: dict) -> list[Staged]:
         return staged
     optim = state.get("optim", {}).get("state", {})
     for bank, ms in members.items():
+        _contiguous(ms)
         names = [name for name, _, _ in ms]
         ours = state["model"].pop(bank)
         state["model"].update({name: torch.zeros(shape, dtype=ours.dtype) for name, _, shape in ms})
@@ -248,6 +248,12 @@ def _like(full: torch.Tensor, ours: torch.Tensor) -> torch.Tensor:
     if isinstance(ours, DTensor):
         return distribute_tensor(full, ours.device_mesh, ours.placements, src_data_rank=None)
     return full
+
+
+def _contiguous(members: list[Member]) -> None:
+    """A bank's members in `bank_members` order fill it end to end: what joining them in that order needs."""
+    ends = [0] + [b for _, (_, b), _ in members[:-1]]
+    assert [a for _, (a, _), _ in members] == ends, f"bank members out of order: {members}"
 
 
 def _join(holder: dict, bank: str, names: list[str], ours: torch.Tensor) -> None:

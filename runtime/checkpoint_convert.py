@@ -64,7 +64,7 @@ def convert(step_dir: Path, model: Llama) -> Path:
         dcp_to_torch_save(step_dir, flat)
         state = torch.load(flat, weights_only=False)
         flat.unlink()
-        _split(state, banks)
+        _split(state, banks, model.invariant_magnitudes())
         out = Path(tmp) / step_dir.name
         with warnings.catch_warnings():  # one process, as meant: DCP's single-process warning says nothing here
             warnings.filterwarnings("ignore", message="torch.distributed is .*unavailable or uninitialized")
@@ -79,6 +79,9 @@ def convert(step_dir: Path, model: Llama) -> Path:
             sums = {n: [(out / n).stat().st_size, file_crc32(out / n)] for n in names}
             atomic_write(out / CHECKSUMS.format(r), json.dumps({"crc32": sums}, sort_keys=True).encode())
         atomic_write(out / MARKER, json.dumps({**marker, "checksums": True, "converted_from": "banks"}).encode())
+        problems = damaged_files(out)
+        if problems:  # the converted copy is checked like any checkpoint before it replaces the original
+            raise CheckpointError(f"the converted copy of {step_dir} is damaged ({'; '.join(problems)}): not replaced")
         aside = step_dir.parent / "set_aside" / f"{step_dir.name}.banks"
         aside.parent.mkdir(exist_ok=True)
         if aside.exists():
@@ -89,8 +92,10 @@ def convert(step_dir: Path, model: Llama) -> Path:
     return aside
 
 
-def _split(state: dict, banks: dict) -> None:
-    """Every bank of `state` (the model's tensors, the optimizer's state and groups) into its vectors, in place."""
+def _split(state: dict, banks: dict, invariant: set[str]) -> None:
+    """Every bank of `state` (the model's tensors, the optimizer's state and groups) into its vectors, in place. The
+    older format's masked-decay group (optim.scale_wd_invariant=false with a bank partly spared) goes too: each of its
+    vectors joins adamw/no_decay when it is one of `invariant` (the β the mask spared), else adamw/decay."""
     model = state["model"]
     for bank, members in banks.items():
         if bank not in model:
@@ -109,8 +114,18 @@ def _split(state: dict, banks: dict) -> None:
             saved = per_param.pop(bank)
             for name, (a, b), shape in members:
                 per_param[name] = {k: v[a:b].reshape(shape).clone() if v.ndim else v.clone() for k, v in saved.items()}
-    for group in optim.get("param_groups", []):
+    groups = optim.get("param_groups", [])
+    for group in groups:
         group["params"] = [m for n in group["params"] for m in ([x for x, _, _ in banks[n]] if n in banks else [n])]
+    masked = [g for g in groups if g.get("name") == "adamw/decay_masked"]
+    if masked:
+        by_name = {g.get("name"): g for g in groups}
+        for name in masked[0]["params"]:
+            target = by_name.get("adamw/no_decay" if name in invariant else "adamw/decay")
+            if target is None:
+                raise CheckpointError(f"{name} of the masked-decay group has no group to join in this checkpoint")
+            target["params"].append(name)
+        groups.remove(masked[0])
     leftover = sorted(k for k in model if ".scales." in k)
     if leftover:
         raise CheckpointError(f"banks the run's config does not lay out: {', '.join(leftover[:3])}")

@@ -18,6 +18,7 @@ from strictconfig.config import ConfigError
 from model.llama import Llama
 from runtime.checkpoint import CheckpointError, complete_checkpoints
 from runtime.checkpoint_convert import convert, holds_banks
+from runtime.rundir import RunDirError, lock_run_dir
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,13 +41,22 @@ def main(argv: list[str] | None = None) -> int:
     todo = [d for d in steps if holds_banks(d)]
     for d in sorted(set(steps) - set(todo)):
         print(f"{d}: already in the current format")
-    for d in todo:
-        try:
+    if not todo:
+        return 0
+    try:
+        lock = lock_run_dir(run)  # no run may write the directory while its checkpoints are swapped
+    except RunDirError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        for d in todo:
             aside = convert(d, model)
-        except CheckpointError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        print(f"{d}: converted (the original is {aside})")
+            print(f"{d}: converted (the original is {aside})")
+    except CheckpointError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        lock.release()
     return 0
 
 

@@ -76,3 +76,23 @@ def test_a_banked_checkpoint_is_converted_once_and_resumes(data_dir, tmp_path, c
 
     train.main(argv)  # the same command resumes
     assert [r["step"] for r in records(run, "train")] == [1, 2, 3, 4, 5, 6]
+
+
+def test_the_masked_decay_group_of_the_older_format_is_split_by_the_mask():
+    """An older run with optim.scale_wd_invariant=false held a bank of β partly spared in adamw/decay_masked: its
+    vectors join adamw/no_decay (the spared β) or adamw/decay (the router's), and the group goes."""
+    from runtime.checkpoint_convert import _split
+    banks = {"layers.0.scales.input.beta": [("layers.0.mlp.router.in_scale.beta", (0, 1), (1,)),
+                                            ("layers.0.attn.q_proj.in_scale.beta", (1, 2), (1,))]}
+    state = {"model": {"layers.0.scales.input.beta": torch.tensor([1.0, 2.0])},
+             "optim": {"state": {"layers.0.scales.input.beta": {"exp_avg": torch.tensor([3.0, 4.0]),
+                                                                "step": torch.tensor(5.0)}},
+                       "param_groups": [{"name": "adamw/decay", "params": ["w"]},
+                                        {"name": "adamw/no_decay", "params": ["norm.scale.beta"]},
+                                        {"name": "adamw/decay_masked", "params": ["layers.0.scales.input.beta"]}]}}
+    _split(state, banks, {"layers.0.attn.q_proj.in_scale.beta", "norm.scale.beta"})
+    groups = {g["name"]: g["params"] for g in state["optim"]["param_groups"]}
+    assert groups == {"adamw/decay": ["w", "layers.0.mlp.router.in_scale.beta"],
+                      "adamw/no_decay": ["norm.scale.beta", "layers.0.attn.q_proj.in_scale.beta"]}
+    assert state["model"]["layers.0.attn.q_proj.in_scale.beta"].item() == 2.0
+    assert state["optim"]["state"]["layers.0.mlp.router.in_scale.beta"]["exp_avg"].item() == 3.0

@@ -68,6 +68,33 @@ def test_the_fast_path_computes_the_reference_function(name, moe):
         assert_grads_close(grads, ref_grads, torch.float64, 67)
 
 
+EXTRA = {  # the knobs the presets above leave at one value on the fast path
+    "router": lambda: replace(moe_cfg("unified"), vocab_size=67, scale=replace(moe_cfg("unified").scale, router=True)),
+    "shared_gate": lambda: replace(moe_cfg("hg_dnp_or", shared_gate=True, n_shared=1), vocab_size=67),
+    "gqa_dp": lambda: preset_model_cfg("hg_dp_or", n_kv_heads=2),
+    "gqa_gemma": lambda: preset_model_cfg("gemma", n_kv_heads=2),
+    "no_head": lambda: replace(preset_model_cfg("unified"), scale=replace(preset_model_cfg("unified").scale,
+                                                                          lm_head=False)),
+}
+
+
+@pytest.mark.parametrize("case", list(EXTRA))
+def test_the_fast_path_computes_the_reference_function_off_the_presets(case):
+    """The router's output side and DNP of its logits, the shared-expert gate, GQA outside unified, an LM head
+    without DNP under unified: the same loss and gradients to float64 rounding."""
+    ref, fast = twins(EXTRA[case]())
+    ref_loss, ref_grads = loss_and_grads(ref, 16)
+    loss, grads = loss_and_grads(fast, 16)
+    assert torch.allclose(loss, ref_loss, rtol=bound(torch.float64, 48), atol=0)
+    assert_grads_close(grads, ref_grads, torch.float64, 67)
+
+
+def test_the_fast_path_refuses_a_built_model():
+    """Applied after materialization it would bank the vectors into fresh, unset tensors: refused."""
+    with pytest.raises(ValueError, match="meta device"):
+        apply_fast_path(build_model(preset_model_cfg("hg_dp")))
+
+
 def test_the_fast_norm_is_the_reference_norm():
     """FastNorm's forward is rms_normalize op for op (bit for bit, fp32 and bf16, whole and per head, padded); its
     written-out backward is the formula's to fp64 rounding."""
@@ -280,7 +307,7 @@ def test_the_fast_path_refuses_a_design_it_does_not_know():
     cfg = preset_model_cfg("hg_dp")
     with torch.device("meta"):
         model = Llama(cfg)
-    model.layers[0].attn.q_proj.in_scale = ToyVector(cfg.d_model, "direct", Role.SCALE_INPUT)
+        model.layers[0].attn.q_proj.in_scale = ToyVector(cfg.d_model, "direct", Role.SCALE_INPUT)
     with pytest.raises(FastPathError, match=r"does not know ToyVector at layers\.0\.attn\.q_proj\.in_scale.*"
                                             r"train\.fast_path=false"):
         apply_fast_path(model)
