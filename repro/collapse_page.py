@@ -1,8 +1,8 @@
 """docs/collapse.md: issue 52's page, written from its runs (repro/collapse.py's A/B, repro/headroom_risk.py's first
 steps) and results v4's archive (the horizon rungs' lr curves, the ladder).
 
-    python -m repro.collapse_page docs/results_runs_v5.jsonl.gz docs/results_runs_v4.jsonl.gz --seeds 4
-    python -m repro.collapse_page runs/v5 docs/results_runs_v4.jsonl.gz --seeds 4 --page /tmp/collapse.md
+    python -m repro.collapse_page docs/results_runs_v5.jsonl.gz docs/results_runs_v4.jsonl.gz --seeds 9
+    python -m repro.collapse_page runs/v5 docs/results_runs_v4.jsonl.gz --seeds 9 --page /tmp/collapse.md
 """
 from __future__ import annotations
 
