@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.gib <= 0 or args.repeats < 1:
         p.error("--gib must be positive and --repeats at least 1")
-    from runtime.checkpoint import _CHUNK, file_crc32
+    from runtime.checkpoint_files import _CHUNK, file_crc32
 
     def read(path: Path) -> None:
         with open(path, "rb") as f:

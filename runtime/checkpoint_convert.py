@@ -22,8 +22,9 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from model.llama import Llama
 from model.vectors import ScaleVector
-from runtime.checkpoint import (BANKS_ON_DISK, CHECKSUMS, EXTRA_FILE, MARKER, CheckpointError, damaged_files,
-                                file_crc32, read_marker, resolve_checkpoint)
+from runtime.checkpoint import BANKS_ON_DISK
+from runtime.checkpoint_files import (EXTRA_FILE, MARKER, CheckpointError, damaged_files, read_marker,
+                                     resolve_checkpoint, write_checksums)
 from runtime.files import atomic_write, fsync_dir
 
 def holds_banks(step_dir: Path) -> bool:
@@ -73,11 +74,8 @@ def convert(step_dir: Path, model: Llama) -> Path:
             if f.name == EXTRA_FILE or f.name.startswith("rng_rank"):
                 shutil.copy2(f, out / f.name)
         marker = read_marker(step_dir)
-        for r in range(marker["world_size"]):
-            names = [f"rng_rank{r}.pt"] + ([p.name for p in out.glob("__*.distcp")] + [".metadata", EXTRA_FILE]
-                                           if r == 0 else [])
-            sums = {n: [(out / n).stat().st_size, file_crc32(out / n)] for n in names}
-            atomic_write(out / CHECKSUMS.format(r), json.dumps({"crc32": sums}, sort_keys=True).encode())
+        for r in range(marker["world_size"]):  # one process wrote every DCP file: rank 0's checksums hold them
+            write_checksums(out, r)
         atomic_write(out / MARKER, json.dumps({**marker, "checksums": True, "converted_from": "banks"}).encode())
         problems = damaged_files(out)
         if problems:  # the converted copy is checked like any checkpoint before it replaces the original

@@ -187,7 +187,7 @@ def test_a_files_crc32_is_zlibs_over_its_chunks_and_the_cost_harness_prints_it(t
     """file_crc32 streams the file in chunks: the same CRC-32 as zlib's over the whole bytes, across chunk edges."""
     import zlib
 
-    import runtime.checkpoint as ckpt
+    import runtime.checkpoint_files as ckpt
     from harness import checksum_cost
     monkeypatch.setattr(ckpt, "_CHUNK", 1000)
     data = bytes(range(256)) * 20  # 5,120 bytes: 5 full chunks and a partial one

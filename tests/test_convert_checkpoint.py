@@ -13,8 +13,8 @@ import torch.distributed.checkpoint as dcp
 import train
 from config import load_saved_config
 from model.llama import Llama
-from runtime.checkpoint import (CHECKSUMS, checkpoint_tensors, complete_checkpoints, damaged_files, file_crc32,
-                                read_marker)
+from runtime.checkpoint import checkpoint_tensors, complete_checkpoints, damaged_files, read_marker
+from runtime.checkpoint_files import CHECKSUMS, file_crc32
 from runtime.checkpoint_convert import legacy_banks
 from scripts import convert_checkpoint
 from train_harness import args_for, data_dir, records  # noqa: F401
