@@ -11,7 +11,7 @@ once, inside the forward of one autograd Function:
 
 so the step holds one chunk's logits plus grad_h (N, d) and one fp32 gradient per head parameter, and computes the
 head's matmuls exactly once each (no recomputation). The chunk runs the real modules (`torch.func.functional_call`
-with detached leaves), so every design's head is covered by the code that defines it in model/scaling.py.
+with detached leaves), so every design's head runs the code that defines it (model/scaling.py, fast/branches.py).
 Rows are whole vocabulary rows: DNP's inner Norm over the vocabulary needs all of a row's logits.
 
 A head with DNP's vocabulary Norm (the unified design's) takes its own path, `_vocab_norm_head`: per chunk the Norm,
