@@ -25,8 +25,6 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from torch.distributed.tensor import DTensor, distribute_tensor
-
 from optim.muon import Muon
 
 KINDS = ("adamw", "muon")

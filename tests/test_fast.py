@@ -13,7 +13,7 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_op
 
 from fast import FastPathError, apply_fast_path, build_fast_model
 from fast.banks import ScaleBank, BankedVector, banked, unbanked, reference_parameters
-from fast.branches import FastExpertBranch, FastNorm, _heads
+from fast.branches import FastExpertBranch, FastNorm
 from model.config import Role
 from model.llama import Llama, build_model
 from model.moe import loop_matmul
