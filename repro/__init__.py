@@ -7,8 +7,8 @@ The framework imports none of it.
     paper.py        the paper-scale plan: unique runs, their data, their compute (repro/plan.py)
     proxy.py        how a paper run becomes a CPU proxy run: shapes, steps, batch, tokens per parameter
     jobs.py         a figure's runs as jobs: run directory, train.py's arguments, the command that runs one here
-    comparisons.py  what docs/results.md compares, with the paper's numbers (docs/paper.md §4)
-    runner.py       docs/results.md's unique runs in order, each in its own process, CPU time summed, archives
+    comparisons.py  what repro/pages/results.md compares, with the paper's numbers (docs/paper.md §4)
+    runner.py       repro/pages/results.md's unique runs in order, each in its own process, CPU time summed, archives
     (the root runs.py reads a run directory: config.yaml and metrics.jsonl, never wandb)
     stats.py        paired deltas, intervals, MDE, verdicts on what an interval says of the paper's value
     significance.py the paired t test (its CDF from the incomplete beta), Holm, Benjamini–Hochberg, seeds for an MDE
@@ -19,5 +19,5 @@ The framework imports none of it.
     sections.py     one comparison's part of the page; horizon_section.py the horizon's, magnitude_section.py
                     the magnitudes'
     reading.py      the reading in plain words, the count behind it, the power on the central claims, v1 against v2
-    page.py         docs/results.md (repro/results.py writes it); versions.py keeps the earlier pages' numbers
+    page.py         repro/pages/results.md (repro/results.py writes it); versions.py keeps the earlier pages' numbers
 """

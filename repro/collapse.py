@@ -4,9 +4,9 @@ undecayed (optim.scale_wd_invariant=false) (repro/comparisons.py, COLLAPSE_ROWS 
 
     python -m repro.collapse runs/v5 --seeds 4                 # every row of COLLAPSE_ROWS with runs in runs/v5
     python -m repro.collapse runs/v5 --seeds 4 --rows 0,2      # rows by index
-    python -m repro.collapse docs/results_runs_v5.jsonl.gz --seeds 4   # a compact archive of them (repro/runner.py)
-    python -m repro.collapse docs/results_runs_v5.jsonl.gz --seeds 4 --page docs/collapse.md \
-        --ladder docs/results_runs_v4.jsonl.gz                          # the page (repro/collapse_page.py)
+    python -m repro.collapse repro/archives/results_runs_v5.jsonl.gz --seeds 4   # a compact archive of them
+    python -m repro.collapse repro/archives/results_runs_v5.jsonl.gz --seeds 4 --page repro/pages/collapse.md \
+        --ladder repro/archives/results_runs_v4.jsonl.gz                          # the page (repro/collapse_page.py)
 
 Per row and arm: the runs found, how many collapsed (some inner Norm's headroom, input mean square / eps at an
 evaluation, fell below the run's log.headroom_warn), the smallest headroom and the smallest magnitude of a vector

@@ -1,8 +1,9 @@
-"""docs/collapse.md: issue 52's page, written from its runs (repro/collapse.py's A/B, repro/headroom_risk.py's first
-steps) and results v4's archive (the horizon rungs' lr curves, the ladder).
+"""repro/pages/collapse.md: issue 52's page, written from its runs (repro/collapse.py's A/B, repro/headroom_risk.py's
+first steps) and results v4's archive (the horizon rungs' lr curves, the ladder).
 
-    python -m repro.collapse_page docs/results_runs_v5.jsonl.gz docs/results_runs_v4.jsonl.gz --seeds 9
-    python -m repro.collapse_page runs/v5 docs/results_runs_v4.jsonl.gz --seeds 9 --page /tmp/collapse.md
+    python -m repro.collapse_page repro/archives/results_runs_v5.jsonl.gz repro/archives/results_runs_v4.jsonl.gz \
+        --seeds 9
+    python -m repro.collapse_page runs/v5 repro/archives/results_runs_v4.jsonl.gz --seeds 9 --page /tmp/collapse.md
 """
 from __future__ import annotations
 
@@ -167,9 +168,9 @@ def write_page(page: Path, ab_dir: Path, ladder_dir: Path, seeds: int, rebuild: 
         *[line for comp, arms in abs_ for line in (table(comp, arms), "")],
         "## Each horizon's lr curve",
         "",
-        "Baseline and literal unified are the horizon rungs of results v4 (docs/results.md, The horizon); the removed "
-        "form ran where the A/B did. Each cell is the mean final val loss over the seeds every run of its curve has; "
-        "bold is the column's best.",
+        "Baseline and literal unified are the horizon rungs of results v4 (repro/pages/results.md, The horizon); the "
+        "removed form ran where the A/B did. Each cell is the mean final val loss over the seeds every run of its "
+        "curve has; bold is the column's best.",
         "",
         *[line for title, points in curves.items() for line in (f"**{title} the proxy's tokens**", "",
                                                                  *lr_table(points), "")],

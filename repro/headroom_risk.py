@@ -2,7 +2,7 @@
 magnitude β that only an inner Norm reads walks under Adam and decay; once β² times its branch's scale falls below
 the Norm's eps, the Norm stops normalizing and the branch is switched off (headroom < 1: runtime/telemetry.py).
 
-    python -m repro.headroom_risk runs/v5 docs/results_runs_v4.jsonl.gz           # the ladder, from finished runs
+    python -m repro.headroom_risk runs/v5 repro/archives/results_runs_v4.jsonl.gz   # the ladder, from finished runs
     python -m repro.headroom_risk runs/v5 --first-steps runs/first_steps --train  # + the first steps (trains them)
 
 The ladder: each literal unified run's Σlr (the sum of its schedule's lr over the steps taken) at its first

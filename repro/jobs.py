@@ -1,6 +1,6 @@
 """A figure's runs as jobs: one (run, seed) each, its run directory, train.py's arguments, and the command that runs
 it here. `python -m repro.reproduce` runs a figure's jobs and `python -m repro.results` (repro/runner.py) the
-jobs of docs/results.md; both build them here, so a run directory has one name whichever command trains it.
+jobs of repro/pages/results.md; both build them here, so a run directory has one name whichever command trains it.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""docs/results.md, written from the runs' config.yaml and metrics.jsonl by `python -m repro.results`.
+"""repro/pages/results.md, written from the runs' config.yaml and metrics.jsonl by `python -m repro.results`.
 
 Every number in the page is computed here from the runs; the paper's numbers beside them are docs/paper.md §4's, v1's
 are repro/versions.py's. A difference is "ours − reference" at the last evaluation (the final weights), paired by seed,
@@ -10,6 +10,7 @@ rows, multiple-comparison corrections, power, v1 against v2), then each comparis
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from config import load_config
@@ -166,7 +167,35 @@ def write_page(plan: Plan, where: dict, page: Path, cpu: dict[str, float], wiki:
         *body,
     ]
     page.parent.mkdir(parents=True, exist_ok=True)
-    page.write_text("\n".join(text).rstrip() + "\n")
+    page.write_text(share_plots(page, "\n".join(text).rstrip() + "\n"))
+
+
+def page_version(stem: str) -> tuple[str, float]:
+    """(its series, its version): results_v3 is (results, 3); a page without _v<N> is its series' newest."""
+    m = re.fullmatch(r"(.+)_v(\d+)", stem)
+    return (m.group(1), int(m.group(2))) if m else (stem, float("inf"))
+
+
+def share_plots(page: Path, text: str) -> str:
+    """`text` with each plot that an earlier page of the series already holds, byte for byte, linked there and
+    its own copy removed, so two pages never store the same image. An earlier page is frozen, so its plots stay."""
+    series, version = page_version(page.stem)
+    earlier = sorted((d for d in (page.parent / "img").glob(f"{series}_v*")
+                      if d.is_dir() and page_version(d.name)[0] == series and page_version(d.name)[1] < version),
+                     key=lambda d: page_version(d.name)[1])
+    held = {}
+    for d in reversed(earlier):  # the oldest copy wins
+        held.update({f.read_bytes(): f"img/{d.name}/{f.name}" for f in sorted(d.glob("*.png"))})
+
+    def link(m: re.Match) -> str:
+        own = page.parent / m.group(1)
+        shared = held.get(own.read_bytes()) if own.is_file() else None
+        if shared is None:
+            return m.group(0)
+        own.unlink()
+        return f"]({shared})"
+
+    return re.sub(rf"\]\((img/{re.escape(page.stem)}/[^)]+\.png)\)", link, text)
 
 
 def intro(res: Results, cpu: dict[str, float], rebuild: str) -> list[str]:
@@ -216,7 +245,7 @@ def scope(res: Results, retuned: bool = False) -> list[str]:
     if res.loaded and all_prefix(res):
         return [f"**Still the v2 runs, read with today's rules.** {said} What is new is how the same runs are read: "
                 f"{rules}. The proxy now evaluates on the training mixture "
-                "(`train.eval_sample: mixture` in configs/proxy/tiny.yaml: the whole validation split, a loss per "
+                "(`train.eval_sample: mixture` in repro/configs/tiny.yaml: the whole validation split, a loss per "
                 "source); these runs predate it, and their deltas cannot be paired with runs that read it. Not run "
                 "yet: the runs on that eval set, the seeds that would power the central claims (the count below "
                 f"says how many){item5}.", *apart]
@@ -250,7 +279,7 @@ def proxy_why() -> list[str]:
     dense, moe = proxy.DENSE, proxy.MOE
     return [
         "Each run is a figure's own config (its strategy, optimizer, schedule, lr and weight decay) with "
-        "[configs/proxy/tiny.yaml](../configs/proxy/tiny.yaml) layered over it by `repro.reproduce --scale tiny`: "
+        "[repro/configs/tiny.yaml](../configs/tiny.yaml) layered over it by `repro.reproduce --scale tiny`: "
         "the built-in public-domain English corpus (Shakespeare and the King James Bible, offline) in a trained "
         f"BPE, sequences of {proxy.SEQ_LEN}, heads of {proxy.HEAD_DIM}. Llama-0.12B's proxy is {dense.label} "
         f"and MoE-0.5B's {moe.label} with top-{max(1, moe.n_experts // 4)} routing, both eager fp32. "

@@ -56,7 +56,7 @@ machine: this one's 2 cores were shared), medians of 2 × 20 steps and 2 evaluat
     v3: the mixture, 105,216 + WikiText-2 32,768                    eval 1.45 s   32 s of a 142 s run (22 %)
     v3 with WikiText-2 at 131,072 too (train.extra_eval_tokens)     eval 2.64 s   58 s of a 175 s run (33 %)
 
-so the extra sets keep 32,768 tokens (configs/proxy/tiny.yaml).
+so the extra sets keep 32,768 tokens (repro/configs/tiny.yaml).
 """
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ from typing import Optional
 from config import RunConfig, load_config
 from model.summary import num_params
 
-PROXY = Path("configs/proxy/tiny.yaml")
+PROXY = Path("repro/configs/tiny.yaml")
 TOKENS_PER_PARAM = 10.5  # the target; every run of every comparison ends at ≥ MIN_TOKENS_PER_PARAM
 MIN_TOKENS_PER_PARAM = 10.0
 MIN_STEPS = 1000
@@ -77,7 +77,7 @@ WARMUP_FRAC = 0.05  # docs/paper.md §3.1: [U]; the repository's 0.12B config wa
 EVALS = 20  # evaluations per run: the Δ-loss curves' points
 CHECKPOINTS = 4  # per run: a stopped reproduction loses at most a quarter of a run
 HEAD_DIM = 32
-SEQ_LEN = 256  # configs/proxy/tiny.yaml's data.seq_len
+SEQ_LEN = 256  # repro/configs/tiny.yaml's data.seq_len
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,11 @@ directory, `<out-dir>/<run name>[-tiny][-s<seed>]`: a finished one is skipped an
 same command continues an interrupted reproduction. At the end the figure is drawn from the runs' metrics.jsonl
 (scripts/plot.py: curves, Δ-loss against each panel's reference, mean and band over seeds, the terminal-delta table).
 
---scale tiny layers configs/proxy/tiny.yaml over each run (the built-in corpus in a 1,024-token BPE, sequences of
+--scale tiny layers repro/configs/tiny.yaml over each run (the built-in corpus in a 1,024-token BPE, sequences of
 256, compiled bf16) at the run's proxy shape (repro/proxy.py: width d_model/12 rounded to a multiple of 32, heads of
 32; Llama-0.12B → d 64, 4 layers), with its batch and steps sized to 10.5 tokens per compute parameter in ≥ 1,000
 steps: the same comparisons at a size where one dense run takes one to two minutes on 2 CPU cores.
-`python -m repro.results` runs the measured reproduction of docs/results.md on this proxy.
+`python -m repro.results` runs the measured reproduction of repro/pages/results.md on this proxy.
 """
 from __future__ import annotations
 

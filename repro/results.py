@@ -1,14 +1,14 @@
-"""The measured small-scale reproduction of the paper's Figures 1 and 5–9: every run, then docs/results.md.
+"""The measured small-scale reproduction of the paper's Figures 1 and 5–9: every run, then repro/pages/results.md.
 
-    python -m repro.results                         # run what is missing (4 seeds each), then write docs/results.md
+    python -m repro.results                         # run what is missing (4 seeds each), then write the page
     python -m repro.results --page-only             # rewrite the page from the runs as they are, run nothing
     python -m repro.results --page-only --archive runs.jsonl.gz     # and keep what it read, to rewrite it later
-    python -m repro.results --restore docs/results_runs_v4.jsonl.gz     # continue from an archive's runs
+    python -m repro.results --restore repro/archives/results_runs_v4.jsonl.gz     # continue from an archive's runs
     python -m repro.results --dry-run               # list the runs and their commands
     python -m repro.results --seeds 8 -- key=value     # more seeds; key=value after -- goes to every run
     python -m repro.results --seeds 12 --only 'fig6-ladder/* d64 L4'     # more seeds for one comparison's runs
 
-Every run is a figure's run on the CPU proxy of `repro.reproduce --scale tiny` (configs/proxy/tiny.yaml), in its
+Every run is a figure's run on the CPU proxy of `repro.reproduce --scale tiny` (repro/configs/tiny.yaml), in its
 own process, with WikiText-2's test set as a second, eval-only validation set. Seeds change the init and the data
 order; the curves of one comparison share each seed, so their differences are paired. A run needed by several
 comparisons (Fig. 5's baseline is also Fig. 1's and the largest rung of Fig. 6's ladder) runs once. Runs go seed by
@@ -34,7 +34,7 @@ from repro.runner import (CpuLedger, archive, is_compact, plan_runs, prepare_wik
 
 ROOT = Path(__file__).resolve().parent.parent
 # Fig. 1's grid: 1.6e-2 since results v4 (the model without vectors was best at 8e-3, the edge of v3's grid)
-DEFAULT_PAGE, DEFAULT_LRS = ROOT / "docs" / "results.md", "2e-3,4e-3,8e-3,1.6e-2"
+DEFAULT_PAGE, DEFAULT_LRS = ROOT / "repro" / "pages" / "results.md", "2e-3,4e-3,8e-3,1.6e-2"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=4, help="runs per curve, seeds 0..N-1 (init and data order)")
     p.add_argument("--out-dir", default="runs/results", help="parent of the run directories")
     p.add_argument("--page", type=Path, default=DEFAULT_PAGE, help="the page to write; its plots "
-                   "go to img/<its name>/ beside it (docs/img/results/ for docs/results.md)")
+                   "go to img/<its name>/ beside it (repro/pages/img/results/ for repro/pages/results.md)")
     p.add_argument("--lrs", default=DEFAULT_LRS, help="Fig. 1's lr grid, for both models")
     p.add_argument("--wikitext", type=Path, help="WikiText-2's raw test file (default: $SCALEVEC_WIKITEXT)")
     p.add_argument("--wikitext-dir", default="data_cache/wikitext2_bpe1024", help="its prepared eval-only set")
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--page-only", action="store_true", help="write the page from the runs as they are")
     p.add_argument("--archive", type=Path, metavar="DIR", help="then copy what the page reads (each finished run's "
                    "config.yaml and metrics.jsonl, the CPU ledger) to DIR: a .jsonl.gz names one compact file, "
-                   "e.g. docs/results_runs_v4.jsonl.gz")
+                   "e.g. repro/archives/results_runs_v4.jsonl.gz")
     p.add_argument("--restore", type=Path, metavar="DIR", help="first copy an archive's finished runs (and their "
                    "CPU seconds) into --out-dir where it lacks them, e.g. to continue in a fresh checkout")
     p.add_argument("--only", nargs="+", metavar="CURVES", help="train only these curves' runs, each a pattern of "

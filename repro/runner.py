@@ -1,4 +1,4 @@
-"""The runner of the measured reproduction (`python -m repro.results`, docs/results.md): the plan's unique runs
+"""The runner of the measured reproduction (`python -m repro.results`, repro/pages/results.md): the plan's unique runs
 in running order, each run in a process of its own with its CPU time measured, the ledger that sums that time across
 invocations, WikiText-2's eval-only set, and the archive that keeps what the page reads of every run.
 

@@ -1,4 +1,4 @@
-"""What the runs' evaluations read, and the loss per source, for docs/results.md.
+"""What the runs' evaluations read, and the loss per source, for repro/pages/results.md.
 
 The eval set's composition comes from the runs. A run with train.eval_sample=mixture logs in every eval record the
 target tokens it read (`val_tokens`; per source `val_tokens/<source>`) and each source's weight in its val_loss

@@ -1,7 +1,7 @@
 """The earlier results pages, kept as measured so that a page can say which of its predecessor's deltas persist and
 which fade: v1 (the page of proxy v1, whose runs were not archived), v2 and v3 (the runs archived in
-docs/results_runs_v2.jsonl.gz and docs/results_runs_v3.jsonl.gz, whose pages are docs/results_v2.md and
-docs/results_v3.md). A page of runs that evaluate a prefix of the val split (v2's) is read against v1; a page of runs
+repro/archives/results_runs_v2.jsonl.gz and _v3.jsonl.gz, whose pages are repro/pages/results_v2.md and
+results_v3.md). A page of runs that evaluate a prefix of the val split (v2's) is read against v1; a page of runs
 that evaluate the training mixture against v2 (v3's) or, when a horizon rung has run (v4's), against v3
 (repro/reading.py, past_page and versus_past).
 
@@ -73,8 +73,8 @@ _V1_SUMMARY = (
 V1 = PastPage("v1", _V1_SUMMARY, _V1_DELTAS)
 
 # v2: every counted row of docs/results.md as committed in 9bae791, recomputed from its archive
-# docs/results_runs_v2.jsonl.gz (144 runs at 4 seeds, 9.43 CPU-hours; repro/tests/test_results_sources.py checks that they
-# still recompute). Fig. 1's "each at its best lr" row was the same runs as "same lr (4e-3)" and is not counted.
+# repro/archives/results_runs_v2.jsonl.gz (144 runs at 4 seeds, 9.43 CPU-hours; repro/tests/test_results_sources.py
+# checks that they still recompute). Fig. 1's "each at its best lr" row was the same runs as "same lr (4e-3)" and is not counted.
 _V2_DELTAS = {
     ("fig5-heterogeneity", "hg"): PastDelta(-0.0155, -0.0567, +0.0256),
     ("fig5-placement", "hg_ap"): PastDelta(+0.0467, +0.0124, +0.0810),
@@ -103,7 +103,7 @@ _V2_DELTAS = {
 }
 
 _V2_SUMMARY = (
-    "The second version of this page (proxy v2, now docs/results_v2.md) trained every model at 10.5 tokens per "
+    "The second version of this page (proxy v2, now repro/pages/results_v2.md) trained every model at 10.5 tokens per "
     "compute parameter in at least 1,000 steps (a 1,024-token BPE, the 0.12B proxy d_model 64, 4 layers; 4 seeds, "
     "144 runs, 9.43 CPU-hours), and each evaluation read the first 32,768 validation tokens: Shakespeare alone. Of "
     "its 24 distinct deltas, 9 were resolved with the paper's sign, 2 contradicted it (hg_dp_er, −0.0799 against "
@@ -112,11 +112,11 @@ _V2_SUMMARY = (
     "paper's −0.0302); of the 21 linearly independent rows, 1 survived a Holm or a Benjamini–Hochberg correction."
 )
 
-V2 = PastPage("v2", _V2_SUMMARY, _V2_DELTAS, "docs/results_runs_v2.jsonl.gz")
+V2 = PastPage("v2", _V2_SUMMARY, _V2_DELTAS, "repro/archives/results_runs_v2.jsonl.gz")
 
-# v3: every counted row of docs/results_v3.md (docs/results.md until results v4) recomputed from its archive
-# docs/results_runs_v3.jsonl.gz (246 runs, 4–20 seeds per curve, 13.87 CPU-hours; repro/tests/test_results_sources.py
-# checks that they still recompute). An lr grid's best-vs-best row is keyed "each at its best lr" (BEST), whichever
+# v3: every counted row of repro/pages/results_v3.md (docs/results.md until results v4) recomputed from its
+# archive repro/archives/results_runs_v3.jsonl.gz (246 runs, 4–20 seeds per curve, 13.87 CPU-hours;
+# repro/tests/test_results_sources.py checks that they still recompute). An lr grid's best-vs-best row is keyed "each at its best lr" (BEST), whichever
 # lrs it picked: v4's grids are wider, so its picks can differ. Its MoE runs predate 3851105, which starts the routed
 # experts' output-side vectors u_e at 1 as every other vector (before, init drew them as matrices from N(0, σ²)).
 BEST = "each at its best lr"
@@ -136,8 +136,8 @@ _V3_DELTAS = {
 }
 
 _V3_SUMMARY = (
-    "The third version of this page (proxy v3, now docs/results_v3.md) evaluated the training mixture, as this one "
-    "does, at 10.5 tokens per compute parameter alone (246 runs, 4–20 seeds per curve, 13.87 CPU-hours; Fig. 5 not "
+    "The third version of this page (proxy v3, now repro/pages/results_v3.md) evaluated the training mixture, as this "
+    "one does, at 10.5 tokens per compute parameter alone (246 runs, 4–20 seeds per curve, 13.87 CPU-hours; Fig. 5 not "
     "run on the mixture). Its MoE runs started the routed experts' u_e as matrices, not at 1 as the paper's. Of its "
     "12 distinct deltas, 6 were resolved with the paper's sign; 3 contradicted it (dense Muon, +0.0249 against "
     "−0.0156; MoE WSD, +0.0264 against −0.0186; MoE each at its best lr, +0.0390 against −0.0291, both designs best at "
@@ -147,4 +147,4 @@ _V3_SUMMARY = (
     "u_e), so a dense delta read in both is v3's runs with any seeds added since; it retrains the MoE designs with u_e."
 )
 
-V3 = PastPage("v3", _V3_SUMMARY, _V3_DELTAS, "docs/results_runs_v3.jsonl.gz")
+V3 = PastPage("v3", _V3_SUMMARY, _V3_DELTAS, "repro/archives/results_runs_v3.jsonl.gz")

@@ -185,7 +185,7 @@ def test_prefix_is_unchanged_and_unnamed_data_is_one_shuffled_stream(tmp_path):
 
 @pytest.fixture(scope="module")
 def pd_bpe1024(tmp_path_factory) -> DataConfig:
-    """The proxy's corpus (configs/proxy/tiny.yaml): builtin:pd_english in a trained 1,024-token BPE."""
+    """The proxy's corpus (repro/configs/tiny.yaml): builtin:pd_english in a trained 1,024-token BPE."""
     cfg = DataConfig(dir=str(tmp_path_factory.mktemp("pd") / "bpe1024"), tokenizer="bpe:1024", seq_len=256)
     prepare(cfg, progress=False)
     return cfg
@@ -214,10 +214,10 @@ def test_the_builtin_corpus_records_its_sources_and_an_older_dir_derives_the_sam
 
 
 def test_the_proxy_eval_set_is_the_training_mixture(pd_bpe1024):
-    """The proxy's settings (configs/proxy/tiny.yaml): ≥ 100k tokens of both sources, weighed as training weighs them;
+    """The proxy's settings (repro/configs/tiny.yaml): ≥ 100k tokens of both sources, weighed as training weighs them;
     the prefix it replaces is Shakespeare's alone."""
     from config import load_config
-    t = load_config(["configs/base.yaml", "configs/proxy/tiny.yaml"]).train
+    t = load_config(["configs/base.yaml", "repro/configs/tiny.yaml"]).train
     assert t.eval_sample == "mixture"
     es = EvalSet.build(pd_bpe1024.dir, 256, t.eval_tokens, "mixture")
     comp = composition(pd_bpe1024.dir)

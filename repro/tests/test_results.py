@@ -150,7 +150,7 @@ def test_page_reads_first_and_counts_over_independent_rows(miniature):
     plain, proxy_at, count_at = (text.index(h) for h in ("## The reading in plain words", "## The proxy",
                                                           "## The count"))
     assert plain < proxy_at < count_at and "|---" not in text[:plain]  # no table before the plain reading
-    # The proxy's eval set is the training mixture (configs/proxy/tiny.yaml): the page says what each evaluation read,
+    # The proxy's eval set is the training mixture (repro/configs/tiny.yaml): the page says what each evaluation read,
     # from the runs' records (this corpus names no sources; repro/tests/test_results_sources.py has one that does).
     read = load_run(runs / "fig5-baseline-tiny-s0").final_eval["val_tokens"]
     assert read == 64 and "Still the v2 runs" not in text
@@ -255,11 +255,11 @@ def test_the_rebuild_command_names_the_archive_and_seeds():
                     page=results.DEFAULT_PAGE)
         return argparse.Namespace(**{**base, **kw})
     head = "python -m repro.results --page-only --out-dir"
-    assert results.rebuild_command(ns(archive=Path("docs/results_runs_v3.jsonl.gz"))) == \
-        f"{head} docs/results_runs_v3.jsonl.gz --seeds 4"
-    assert results.rebuild_command(ns(restore=results.ROOT / "docs" / "results_runs_v2", seeds=6,
-                                      page=results.ROOT / "docs" / "results_v2.md")) == \
-        f"{head} docs/results_runs_v2 --seeds 6 --page docs/results_v2.md"
+    assert results.rebuild_command(ns(archive=Path("repro/archives/results_runs_v3.jsonl.gz"))) == \
+        f"{head} repro/archives/results_runs_v3.jsonl.gz --seeds 4"
+    assert results.rebuild_command(ns(restore=results.ROOT / "repro" / "archives" / "results_runs_v2", seeds=6,
+                                      page=results.ROOT / "repro" / "pages" / "results_v2.md")) == \
+        f"{head} repro/archives/results_runs_v2 --seeds 6 --page repro/pages/results_v2.md"
     assert results.rebuild_command(ns(out_dir="/elsewhere/runs", lrs="1e-3,2e-3")) == \
         f"{head} /elsewhere/runs --seeds 4 --lrs 1e-3,2e-3"
 
@@ -436,3 +436,40 @@ def test_every_planned_run_is_sized_by_the_proxy_rules():
         assert base and max(base) - min(base) < 0.05  # one ratio (10.5, to the rounding of the steps)
     sizes = [proxy.size(Path("configs/figures/fig6/0.12b_baseline.yaml"), s) for s in proxy.DENSE_LADDER]
     assert (sizes[-1].compute_params * sizes[-1].tokens) / (sizes[0].compute_params * sizes[0].tokens) >= 8
+
+
+def test_a_plot_an_earlier_page_holds_is_linked_there_not_copied(tmp_path):
+    """A page's plot that an earlier page of its series already holds, byte for byte, links to that copy and its own
+    goes; a plot of its own stays, and an earlier page never links to a later one."""
+    from repro.page import share_plots
+    img = tmp_path / "img"
+    for d, name, data in (("results_v2", "a.png", b"A"), ("results_v3", "a.png", b"A"), ("results_v3", "c.png", b"C"),
+                          ("results", "a.png", b"A"), ("results", "b.png", b"B"), ("results", "c.png", b"C")):
+        (img / d).mkdir(parents=True, exist_ok=True)
+        (img / d / name).write_bytes(data)
+    text = "![a](img/results/a.png)\n![b](img/results/b.png)\n![c](img/results/c.png)\n"
+    assert share_plots(tmp_path / "results.md", text) == \
+        "![a](img/results_v2/a.png)\n![b](img/results/b.png)\n![c](img/results_v3/c.png)\n"
+    assert sorted(p.name for p in (img / "results").iterdir()) == ["b.png"]
+    v3 = "![a](img/results_v3/a.png)\n![c](img/results_v3/c.png)\n"
+    assert share_plots(tmp_path / "results_v3.md", v3) == "![a](img/results_v2/a.png)\n![c](img/results_v3/c.png)\n"
+    assert (img / "results_v3" / "c.png").is_file() and not (img / "results_v3" / "a.png").exists()
+
+
+def test_the_study_pages_link_what_is_there_and_store_each_image_once():
+    """repro/pages/: every local link of every page resolves, every image is linked by a page, and no two images
+    are the same bytes (repro/page.py, share_plots)."""
+    pages = results.ROOT / "repro" / "pages"
+    linked = set()
+    for page in sorted(pages.glob("*.md")):
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if target.startswith("http"):
+                continue
+            path = (page.parent / target).resolve()
+            assert path.exists(), f"{page.name} links {target}, which is not there"
+            linked.add(path)
+    images = sorted(p.resolve() for p in (pages / "img").rglob("*.png"))
+    assert images and set(images) <= linked, [str(p) for p in images if p not in linked]
+    seen = {}
+    for image in images:
+        assert seen.setdefault(image.read_bytes(), image) == image, f"{image} repeats {seen[image.read_bytes()]}"

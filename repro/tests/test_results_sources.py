@@ -20,7 +20,7 @@ from runs import load_run
 from repro.sources import composition_lines, eval_read, source_table, sources_of
 from repro.stats import fmt, stat
 
-ARCHIVE = Path(__file__).resolve().parents[2] / "docs" / "results_runs_v2.jsonl.gz"  # v2's runs, compact
+ARCHIVE = Path(__file__).resolve().parents[2] / "repro" / "archives" / "results_runs_v2.jsonl.gz"  # v2's runs, compact
 V2_SENTENCE = ("Each evaluation reads the first 32,768 tokens of the validation split's 105,578, in stored order, where "
                "its shakespeare documents come first. By source: shakespeare 32,768 (100.0 %), kjv 0 (0.0 %), though "
                "the model trains on shakespeare 60.5 % and kjv 39.5 % of its tokens. These runs' validation loss is on "
