@@ -97,7 +97,7 @@ def build_hf_reference(cfg: RunConfig, device: torch.device, seq_len: int, batch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from transformers import LlamaForCausalLM
 
-    from model.hf import hf_config
+    from runtime.hf_export import hf_config
     hf_cfg = hf_config(cfg.model, max_positions=max(seq_len, 2048))
     hf_cfg._attn_implementation = "sdpa"  # torch's fused attention, the kernel family ours calls
     hf_cfg.use_cache = False

@@ -31,7 +31,7 @@ compiled code, what the compiler keeps (graphs, guards) and what the allocator k
 as training (runtime/cpu.py); the compiler's transients during the warmup are not in it.
 
 Reference row `hf-llama` (--hf-reference; on by default when transformers is installed and the first model is dense):
-transformers' LlamaForCausalLM with the first model's shapes (model/hf.py's config: padded vocab, untied
+transformers' LlamaForCausalLM with the first model's shapes (runtime/hf_export.py's config: padded vocab, untied
 embeddings, no biases, same rope theta and eps), attn_implementation="sdpa", fp32 parameters sharded by FSDP2 as ours
 (one fully_shard per decoder layer with the same reshard-after-forward rule, one at the root; with bf16 on CUDA the
 same mixed-precision policy: bf16 compute, fp32 gradient reduction; train.activation_checkpointing applies to ours

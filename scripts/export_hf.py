@@ -19,7 +19,7 @@ from config import load_config, resolve_vocab
 
 from strictconfig.config import ConfigError
 from data.tokenizer import TokenizerError
-from model.hf import export
+from runtime.hf_export import export
 from model.llama import build_model
 from model.summary import num_params
 from runtime.checkpoint import CheckpointError, load_model_weights

@@ -14,7 +14,7 @@ from config import load_saved_config
 
 from strictconfig.config import ConfigError
 from data.tokenizer import TokenizerError, load_tokenizer
-from model.generate import generate
+from runtime.generate import generate
 from model.llama import build_model
 from runtime.checkpoint import CheckpointError, load_model_weights
 

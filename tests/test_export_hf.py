@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from model.config import ModelConfig, ScaleConfig
-from model.hf import export
+from runtime.hf_export import export
 from model.llama import build_model
 from scripts import export_hf
 

@@ -7,7 +7,7 @@ import torch
 
 from config import load_config
 from model.config import ModelConfig, Role, ScaleConfig
-from model.hf import folded_state_dict, plain_config
+from runtime.hf_export import folded_state_dict, plain_config
 from model.llama import Llama, build_model
 from model.summary import flops_per_token, num_params, params_by_role
 from model.scaling import ScaledLinear, rms_normalize

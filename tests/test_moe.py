@@ -12,7 +12,7 @@ from config import load_config
 
 from optim.config import MuonConfig, OptimConfig
 from model.config import ModelConfig, MoEConfig, Role, ScaleConfig
-from model.hf import folded_state_dict, plain_config
+from runtime.hf_export import folded_state_dict, plain_config
 from model.llama import Llama, build_model
 from model.summary import activated_params, flops_per_token, num_params, params_by_role
 from model.moe import MoE

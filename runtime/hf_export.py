@@ -4,7 +4,7 @@
 Every scale-vector design without an inner Norm folds exactly into a plain Llama (docs/paper.md §1.8), so the export
 gives the same logits; the FFN weights are written at their logical size, without model.ffn_pad_multiple's storage
 padding. The benchmark's reference row (bench/steps.py) builds transformers' Llama from the same config.
-transformers and safetensors are imported only when a function needs them: nothing else in model/ does.
+transformers and safetensors are imported only when a function needs them, so training never needs them.
 """
 from __future__ import annotations
 
