@@ -22,6 +22,7 @@ from config import load_config
 from repro.headroom_risk import (FIRST_BATCH, FIRST_LR, FIRST_RUNGS, FIRST_SEQ, FIRST_STEPS, PAPER_CONFIG, Early,
                                  calibrate, early, early_table, first_names, first_steps_argv, ladder, ladder_table,
                                  lr_sums, rung_of)
+from repro.reading import MDE_FLOOR, planned_seeds
 from repro.runner import CpuLedger, is_compact, plan_runs, unpack
 from repro.stats import Stat, fmt, stat, welch
 from runs import load_run
@@ -133,6 +134,42 @@ def reading(abs_: list[tuple[Comparison, list[Arm]]], curves: dict[str, list[LrP
     return out
 
 
+AB_BUDGET_HOURS = 15  # the CPU time the A/B was given, first steps and router rows included
+
+
+def shortfall(abs_: list[tuple[Comparison, list[Arm]]], seconds: dict[str, float]) -> list[str]:
+    """The rows short of the pilot rule's n (MDE_FLOOR), and what their missing runs would cost at the row's mean CPU
+    time per run: one line, or none when every row has its n."""
+    short, runs_missing, hours = [], 0, 0.0
+    for comp, arms in abs_:
+        ref = arms[0].final("val_loss")
+        need = {}
+        for arm in arms[1:]:
+            val = arm.final("val_loss")
+            n = planned_seeds([val[s] - ref[s] for s in sorted(val) if s in ref], MDE_FLOOR)
+            if n is not None:
+                need[arm.label] = n
+        if need:
+            need[arms[0].label] = max(need.values())  # literal pairs with every arm
+        missing = {a.label: need[a.label] - len(a.runs) for a in arms if need.get(a.label, 0) > len(a.runs)}
+        if not missing:
+            continue
+        cpu = [seconds[r.path.name] for a in arms for r in a.runs.values() if r.path.name in seconds]
+        runs_missing += sum(missing.values())
+        hours += sum(missing.values()) * statistics.mean(cpu) / 3600 if cpu else 0.0
+        where = comp.title.removeprefix("The magnitudes only a Norm reads, ")
+        short.append(f"{where}: " + ", ".join(f"{label.removeprefix('unified, ')} {len(a.runs)} of {need[label]}"
+                                                for a in arms if (label := a.label) in missing))
+    if not short:
+        return ["- **Seeds.** Every row has the seeds its pilot asks for."]
+    spent = sum(seconds.values()) / 3600
+    over = spent + hours > AB_BUDGET_HOURS
+    return [f"- **Seeds.** Short of their pilot's n: {'; '.join(short)}. The {runs_missing} missing runs would take "
+            f"about {hours:.1f} CPU-hours at their rows' mean"
+            + (f", past the A/B's budget of {AB_BUDGET_HOURS} with the {spent:.1f} spent, so those rows stay where "
+               "they are and their intervals say what they can." if over else ".")]
+
+
 def write_page(page: Path, ab_dir: Path, ladder_dir: Path, seeds: int, rebuild: str) -> None:
     """The page from the A/B's runs and the first steps (`ab_dir`) and results v4's runs (`ladder_dir`)."""
     comps = [collapse_ab(*r) for r in COLLAPSE_ROWS]
@@ -157,6 +194,7 @@ def write_page(page: Path, ab_dir: Path, ladder_dir: Path, seeds: int, rebuild: 
         "on the CPU proxy, what removing those magnitudes does, and what it means for the paper's schedule.",
         "",
         *reading(abs_, curves, rows, calibration, paper_sum),
+        *shortfall(abs_, CpuLedger(ab_dir).seconds),
         "",
         "## The A/B",
         "",

@@ -232,7 +232,8 @@ COLLAPSE_ROWS = ((10, 4e-3, "dense"), (3, 4e-3, "dense"), (1, 8e-3, "moe"), (10,
 def collapse_ab(horizon: int, lr: float, kind: str) -> Comparison:
     """unified at `horizon` × the proxy's tokens and `lr` on the horizon's dense or MoE shape, or on the d64 L4
     headline ("headline": the ladder rung's own run, at the preset's lr): literal, the magnitudes only a Norm reads
-    removed, and those magnitudes undecayed."""
+    removed, and those magnitudes undecayed. The headline reruns literal for its telemetry beside removed, without
+    the undecayed arm: the issue asks whether it collapses there, not how decay moves it."""
     lr_t = lr_text(lr)
     if kind == "headline":
         _, uni = pair("6", "0.12b", None, DENSE)
@@ -252,9 +253,10 @@ def collapse_ab(horizon: int, lr: float, kind: str) -> Comparison:
     spared = replace(literal, label="unified, those β undecayed",
                      overrides=literal.overrides + ("optim.scale_wd_invariant=false",), suffix=literal.suffix + "-spared")
     name = "MoE" if kind == "moe" else "dense"
+    arms = (literal, removed) if kind == "headline" else (literal, removed, spared)
     return Comparison(f"fig{figure}-collapse_x{horizon}_lr{lr_t}" + ("_headline" if kind == "headline" else ""),
                       f"The magnitudes only a Norm reads, {name} ({shape.label}) at {horizon} × the proxy's tokens, "
-                      f"unified at lr {lr_t}", "docs/paper.md §1.7 (no paper value)", (literal, removed, spared))
+                      f"unified at lr {lr_t}", "docs/paper.md §1.7 (no paper value)", arms)
 
 
 def fig1_grid(lrs: tuple[float, ...]) -> LrGrid:

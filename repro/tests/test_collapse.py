@@ -86,3 +86,31 @@ def test_the_router_section_pairs_each_folder_by_seed(tmp_path):
     assert rows["| AdamW (results v4)"].startswith("| AdamW (results v4) | 3 | -0.0967 [")  # (-0.10, -0.09, -0.10)
     assert rows["| Muon"].startswith("| Muon | 2 | -0.0450 [") and rows["| Muon"].endswith("] |")
     assert router_section(tmp_path / "none", tmp_path / "adamw") == []  # no Muon runs: no section
+
+
+def test_the_page_names_each_row_short_of_its_pilots_n_and_what_it_would_cost():
+    """A row whose pilot's paired sd asks for more seeds than it ran is named with each arm's runs and n (literal's
+    the largest, as it pairs with every arm), and the missing runs are costed at the row's mean CPU time."""
+    from pathlib import Path as P
+    from repro.collapse_page import AB_BUDGET_HOURS, shortfall
+    from repro.reading import MDE_FLOOR, PILOT_SEEDS, planned_seeds
+    from runs import Run
+
+    def arm(label: str, finals: list[float]) -> collapse.Arm:
+        return collapse.Arm(label, {s: Run(P(f"{label}-s{s}"), None, [{"kind": "eval", "val_loss": v}])
+                                    for s, v in enumerate(finals)})
+    comp = collapse_ab(*COLLAPSE_ROWS[0])
+    literal = [3.0] * PILOT_SEEDS
+    noisy = [3.0 + d for d in (0.05, -0.05, 0.04, -0.03)][:PILOT_SEEDS]
+    quiet = [3.0 + d for d in (0.001, -0.001, 0.0005, 0.0)][:PILOT_SEEDS]
+    arms = [arm("unified, literal", literal), arm("unified, magnitudes removed", noisy),
+            arm("unified, those β undecayed", quiet)]
+    n = planned_seeds([a - b for a, b in zip(noisy, literal)], MDE_FLOOR)
+    assert n > PILOT_SEEDS and planned_seeds([a - b for a, b in zip(quiet, literal)], MDE_FLOOR) == PILOT_SEEDS
+    seconds = {r.path.name: 3600.0 for a in arms for r in a.runs.values()}
+    [line] = shortfall([(comp, arms)], seconds)
+    missing = 2 * (n - PILOT_SEEDS)
+    assert f"literal {PILOT_SEEDS} of {n}, magnitudes removed {PILOT_SEEDS} of {n}." in line
+    assert "undecayed" not in line and f"The {missing} missing runs would take about {missing:.1f} CPU-hours" in line
+    assert ("past the A/B's budget" in line) == (len(seconds) + missing > AB_BUDGET_HOURS)
+    assert shortfall([(comp, [arms[0], arms[2]])], seconds) == ["- **Seeds.** Every row has the seeds its pilot asks for."]

@@ -99,9 +99,9 @@ def test_the_first_steps_run_each_rung_and_the_paper_config_alike(tmp_path):
 
 def test_the_headline_row_is_the_ladder_rungs_own_run():
     comp = collapse_ab(*COLLAPSE_ROWS[COLLAPSE_ROWS.index((1, 4e-3, "headline"))])
-    literal, removed, spared = comp.curves
+    literal, removed = comp.curves  # no undecayed arm at the headline
     assert (literal.run, literal.suffix, literal.overrides) == ("0.12b_unified", "-d64L4", ())
-    assert removed.overrides == ("model.scale.invariant_magnitude=remove",) and spared.suffix == "-d64L4-spared"
+    assert removed.overrides == ("model.scale.invariant_magnitude=remove",) and removed.suffix == "-d64L4-removed"
     with pytest.raises(ValueError, match="preset's lr 4e-3"):
         collapse_ab(1, 8e-3, "headline")
 
