@@ -2,8 +2,8 @@
 first steps) and results v4's archive (the horizon rungs' lr curves, the ladder).
 
     python -m repro.collapse_page repro/archives/results_runs_v5.jsonl.gz repro/archives/results_runs_v4.jsonl.gz \
-        --seeds 9
-    python -m repro.collapse_page runs/v5 repro/archives/results_runs_v4.jsonl.gz --seeds 9 --page /tmp/collapse.md
+        --seeds 10
+    python -m repro.collapse_page runs/v5 repro/archives/results_runs_v4.jsonl.gz --seeds 10 --page /tmp/collapse.md
 """
 from __future__ import annotations
 
@@ -166,8 +166,9 @@ def shortfall(abs_: list[tuple[Comparison, list[Arm]]], seconds: dict[str, float
     over = spent + hours > AB_BUDGET_HOURS
     return [f"- **Seeds.** Short of their pilot's n: {'; '.join(short)}. The {runs_missing} missing runs would take "
             f"about {hours:.1f} CPU-hours at their rows' mean"
-            + (f", past the A/B's budget of {AB_BUDGET_HOURS} with the {spent:.1f} spent, so those rows stay where "
-               "they are and their intervals say what they can." if over else ".")]
+            + (f", past the A/B's budget of {AB_BUDGET_HOURS} with the {spent:.1f} spent, so "
+               + ("that row stays where it is and its intervals say" if len(short) == 1 else
+                  "those rows stay where they are and their intervals say") + " what they can." if over else ".")]
 
 
 def write_page(page: Path, ab_dir: Path, ladder_dir: Path, seeds: int, rebuild: str) -> None:
@@ -298,7 +299,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("ab", type=Path, help="the A/B's runs and the first steps: a folder or a compact archive")
     p.add_argument("ladder", type=Path, help="results v4's runs (the horizon rungs' lr curves, the ladder)")
     p.add_argument("--seeds", type=int, required=True, help="the seeds the A/B was planned with")
-    p.add_argument("--page", type=Path, default=Path(__file__).resolve().parent.parent / "docs" / "collapse.md")
+    p.add_argument("--page", type=Path, default=Path(__file__).resolve().parent / "pages" / "collapse.md")
     args = p.parse_args(argv)
     rebuild = f"python -m repro.collapse_page {args.ab} {args.ladder} --seeds {args.seeds}"
     with tempfile.TemporaryDirectory() as tmp:
