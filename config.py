@@ -52,7 +52,7 @@ class TrainConfig:
     # Chosen from the hardware (runtime/precision.py). compile auto: on CUDA, and on CPU in bf16 (where it pays).
     # dtype auto: bf16 mixed precision on CUDA and on a CPU with bf16 arithmetic (AMX, AVX512-BF16), else fp32;
     # float64 runs everything in double (reference tests). An explicit dtype change is refused on resume; a change of
-    # what auto resolves to is allowed and said (runtime/trainer.py, precision_change).
+    # what auto resolves to is allowed and said (runtime/elastic.py, precision_change).
     compile: Literal["auto", True, False] = resumable("auto")
     dtype: Literal["auto", "float32", "bfloat16", "float64"] = "auto"
     # A step whose loss or gradient norm is NaN/inf: stop (before any checkpoint sees that state) | skip (no update on

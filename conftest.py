@@ -74,7 +74,7 @@ def pytest_configure(config: pytest.Config) -> None:
 # machines' torch.
 NUMERICS_MODULES = {"test_compile", "test_loss", "test_host_reads", "test_train", "test_moe_train", "test_optim_dist",
                     "test_parallel", "test_checkpoint", "test_checkpoint_fsdp", "test_muon", "test_model", "test_moe",
-                    "test_grad_reduce", "test_elastic", "test_data_loader", "test_golden", "test_step", "test_fast",
+                    "test_grad_reduce", "test_elastic", "test_data_loader", "test_golden", "test_step", "test_fast", "test_stop",
                     "test_convert_checkpoint"}
 
 
@@ -94,7 +94,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 # time. The serial run (`-n 0`) keeps pytest's own order.
 LONGEST_FIRST = ("test_bench", "test_train", "test_soak", "test_results", "test_elastic", "test_sweep", "test_golden",
                  "test_compile", "test_host_reads", "test_grad_reduce", "test_moe_train", "test_ffn_padding",
-                 "test_data_prepare", "test_moe")
+                 "test_data_prepare", "test_moe", "test_stop")
 
 
 def _module_name(item: pytest.Item) -> str:

@@ -16,7 +16,7 @@ from strictconfig.config import ConfigError
 from test_moe_train import MOE, moe_state
 from runtime.checkpoint import checkpoint_tensors, latest_checkpoint
 from runtime.rundir import LOCK_FILE
-from runtime.trainer import accumulation_steps, aux_regrouped
+from runtime.elastic import accumulation_steps, aux_regrouped
 from multiproc import Rendezvous, spawn
 from test_train import _error_worker, _skip_worker, args_for, data_dir, records, run_ranks  # noqa: F401 - data_dir is a fixture
 
