@@ -139,7 +139,7 @@ AB_BUDGET_HOURS = 15  # the CPU time the A/B was given, first steps and router r
 
 def shortfall(abs_: list[tuple[Comparison, list[Arm]]], seconds: dict[str, float]) -> list[str]:
     """The rows short of the pilot rule's n (MDE_FLOOR), and what their missing runs would cost at the row's mean CPU
-    time per run: one line, or none when every row has its n."""
+    time per run, as one line of the page's reading."""
     short, runs_missing, hours = [], 0, 0.0
     for comp, arms in abs_:
         ref = arms[0].final("val_loss")

@@ -233,7 +233,7 @@ def collapse_ab(horizon: int, lr: float, kind: str) -> Comparison:
     """unified at `horizon` × the proxy's tokens and `lr` on the horizon's dense or MoE shape, or on the d64 L4
     headline ("headline": the ladder rung's own run, at the preset's lr): literal, the magnitudes only a Norm reads
     removed, and those magnitudes undecayed. The headline reruns literal for its telemetry beside removed, without
-    the undecayed arm: the issue asks whether it collapses there, not how decay moves it."""
+    the undecayed arm: its question is whether it collapses there, not how decay moves it."""
     lr_t = lr_text(lr)
     if kind == "headline":
         _, uni = pair("6", "0.12b", None, DENSE)
